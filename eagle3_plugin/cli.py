@@ -1,0 +1,68 @@
+"""``eagle3``: train | bench | check. Errors in user input print one line and exit with status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import Eagle3Error
+
+
+def _int_triple(text: str) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three comma-separated integers, got {text!r}") from None
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected three comma-separated integers, got {text!r}")
+    return values
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train an EAGLE-3 draft for a transformers target (training-time test)")
+    p.add_argument("--target", required=True, help="target model folder (transformers)")
+    p.add_argument("--data", required=True, nargs="+", help=".txt documents or .jsonl records")
+    p.add_argument("--out", required=True, help="output draft folder")
+    p.add_argument("--layers", type=_int_triple, help="capture ids low,mid,high (id i = input of decoder layer i)")
+    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--draft-vocab", type=int, help="draft vocabulary size (default: the target's)")
+    p.add_argument("--max-steps", type=int, default=2000)
+    p.add_argument("--max-minutes", type=float, help="stop (resumably) after this many minutes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=384)
+    p.add_argument("--regenerate", action="store_true", help="answer each prompt with the target itself")
+    p.add_argument("--regen-tokens", type=int, default=128)
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(a) -> int:
+    from .train.loop import TrainArgs, train
+    out = train(TrainArgs(target=a.target, data=a.data, out=a.out, layers=a.layers, ttt_steps=a.ttt_steps,
+                          draft_vocab=a.draft_vocab, max_steps=a.max_steps, max_minutes=a.max_minutes, seed=a.seed,
+                          lr=a.lr, batch_size=a.batch_size, max_length=a.max_length, regenerate=a.regenerate,
+                          regen_tokens=a.regen_tokens, force=a.force))
+    print(f"draft written to {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except Eagle3Error as e:
+        print(f"eagle3 {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

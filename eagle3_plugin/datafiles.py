@@ -1,0 +1,107 @@
+"""Readers for prompt and training files; every malformed record is one error naming file and line.
+
+Records are :class:`Record`: a ``prompt`` (first user turn), an optional ``response`` (a reference
+answer to train on), an optional whole ``text`` (a document to train on), and a ``category``.
+
+Formats, by extension and content:
+
+- ``.jsonl``: one JSON object per line with ``turns`` (FastChat / MT-Bench / Spec-Bench / EAGLE
+  question files), ``prompt`` (+ optional ``response``; HumanEval), ``question`` (GSM8K),
+  ``instruction`` (Alpaca), or ``text``; optional ``category``.
+- ``.txt`` as prompts: one prompt per non-empty line. ``.txt`` as training data: documents separated
+  by blank lines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from .errors import Eagle3Error
+
+PROMPT_FIELDS = ("turns", "prompt", "question", "instruction", "text")
+
+
+@dataclass(frozen=True)
+class Record:
+    prompt: str = ""
+    response: Optional[str] = None
+    text: Optional[str] = None
+    category: Optional[str] = None
+
+
+def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line; bad JSON or a non-object is an error."""
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise Eagle3Error(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise Eagle3Error(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def read_prompts(path: str) -> list[Record]:
+    """Prompt records for benchmarks (the first turn of multi-turn questions)."""
+    if path.endswith(".jsonl"):
+        records = [_record(path, lineno, obj) for lineno, obj in iter_jsonl(path)]
+    else:
+        with _open(path) as f:
+            records = [Record(prompt=line.rstrip("\n")) for line in f if line.strip()]
+    if not records:
+        raise Eagle3Error(f"{path}: no prompts found")
+    return records
+
+
+def read_training_data(path: str) -> list[Record]:
+    """Training records: ``.txt`` documents split at blank lines, or ``.jsonl`` records."""
+    if path.endswith(".jsonl"):
+        records = [_record(path, lineno, obj) for lineno, obj in iter_jsonl(path)]
+    else:
+        with _open(path) as f:
+            docs = [d.strip("\n") for d in f.read().split("\n\n")]
+        records = [Record(text=d) for d in docs if d.strip()]
+    if not records:
+        raise Eagle3Error(f"{path}: no training records found")
+    return records
+
+
+def _record(path: str, lineno: int, obj: dict) -> Record:
+    where = f"{path}:{lineno}"
+    category = obj.get("category")
+    if category is not None and not isinstance(category, str):
+        raise Eagle3Error(f"{where}: 'category' must be a string")
+    if "turns" in obj:
+        turns = obj["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise Eagle3Error(f"{where}: 'turns' must be a non-empty list of strings")
+        return Record(prompt=turns[0], category=category)
+    for key in ("prompt", "question", "instruction"):
+        if key in obj:
+            prompt = _string(obj, key, where)
+            response = _string(obj, "response", where) if "response" in obj else None
+            return Record(prompt=prompt, response=response, category=category)
+    if "text" in obj:
+        return Record(text=_string(obj, "text", where), category=category)
+    raise Eagle3Error(f"{where}: no prompt field (expected one of {', '.join(PROMPT_FIELDS)})")
+
+
+def _string(obj: dict, key: str, where: str) -> str:
+    value = obj[key]
+    if not isinstance(value, str) or not value.strip():
+        raise Eagle3Error(f"{where}: {key!r} must be a non-empty string")
+    return value
+
+
+def _open(path: str):
+    try:
+        return open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise Eagle3Error(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise Eagle3Error(f"{path}: is a directory, expected a file") from None

@@ -1,0 +1,37 @@
+"""Write a folder all at once: build it beside its destination, rename it into place at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+from .errors import Eagle3Error
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str, force: bool = False):
+    """Yield a temporary folder that becomes ``path`` only if the block succeeds.
+
+    An existing ``path`` is refused unless ``force``; on any error the temporary folder is removed and
+    ``path`` is left exactly as it was.
+    """
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not force:
+        raise Eagle3Error(f"{path}: output folder already exists (use --force to replace it)")
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        yield tmp
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+            os.replace(path, os.path.join(old, "x"))
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,159 @@
+"""Strict verification of a draft tree against the target: pure tensor functions, no engine state.
+
+Every engine integration, the reference generator and the statistical tests call :func:`verify_tree`.
+
+- Greedy rows (temperature 0): accept the child equal to the target's argmax, level by level; the bonus
+  token is the argmax after the path. Output equals non-speculative greedy decoding.
+- ``method="real"`` (T > 0): recursive rejection sampling with the draft's real probabilities. A node's
+  children were drawn without replacement from ``q``; child ``x`` is accepted with ``min(1, p(x)/q(x))``;
+  on rejection ``p <- norm(max(p - q, 0))`` and ``q <- norm(q with x removed)``; if every child is
+  rejected the bonus is drawn from the residual ``p``. A chain is the one-child case: ``min(1, p/q)``
+  plus the residual, the classic speculative sampling rule.
+- ``method="one_hot"`` (T > 0): the draft treated as deterministic, as EAGLE and SGLang do: accept ``x``
+  with ``p(x)``, else ``p <- norm(p with x removed)``. Lossless for any tree, lower acceptance.
+
+``p`` is the target distribution after temperature, top-k and top-p, in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+
+from .tree import DraftTree
+
+Method = Literal["real", "one_hot"]
+
+
+@dataclass
+class SamplingParams:
+    """Per-row sampling settings: ``temperature [B]`` (0 = greedy), ``top_k [B]`` (0 = off), ``top_p [B]``."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def uniform(cls, batch: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                device=None) -> "SamplingParams":
+        return cls(torch.full((batch,), float(temperature), device=device),
+                   torch.full((batch,), int(top_k), dtype=torch.long, device=device),
+                   torch.full((batch,), float(top_p), device=device))
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self.temperature <= 0
+
+    def select(self, rows: torch.Tensor) -> "SamplingParams":
+        return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
+
+@dataclass
+class Verdict:
+    """``accepted [B, depth + 1]``: node indices of the accepted path, root first, padded with -1;
+    ``num_accepted [B]``: accepted draft tokens; ``bonus [B]``: the target token after the path."""
+
+    accepted: torch.Tensor
+    num_accepted: torch.Tensor
+    bonus: torch.Tensor
+
+    def output_tokens(self, tree: DraftTree) -> list[list[int]]:
+        """Per row, the tokens this round emits: accepted draft tokens then the bonus token."""
+        out = []
+        for row in range(tree.tokens.shape[0]):
+            n = int(self.num_accepted[row])
+            path = self.accepted[row, 1:n + 1]
+            out.append(tree.tokens[row, path].tolist() + [int(self.bonus[row])])
+        return out
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``logits [B, ..., V]`` -> probabilities; greedy rows become one-hot at the argmax."""
+    b, v = logits.shape[0], logits.shape[-1]
+    shape = (b,) + (1,) * (logits.dim() - 1)
+    logits = logits.float()
+    t = torch.where(params.greedy, torch.ones_like(params.temperature), params.temperature).view(shape)
+    scaled = logits / t
+    k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
+    kth = torch.gather(torch.sort(scaled, dim=-1, descending=True).values, -1, (k - 1).expand(*scaled.shape[:-1], 1))
+    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p.view(shape)  # mass before it reaches top_p
+    probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(params.greedy.view(shape), one_hot, probs)
+
+
+def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, method: Method = "real",
+                generator: Optional[torch.Generator] = None) -> Verdict:
+    """Accept a root-to-node path of ``tree`` and draw the bonus token (see the module docstring).
+
+    ``target_logits [B, N, V]``: the target's logits after each node of the tree.
+    """
+    if method not in ("real", "one_hot"):
+        raise ValueError(f"unknown verification method {method!r}")
+    b, n = tree.tokens.shape
+    device = tree.tokens.device
+    rows = torch.arange(b, device=device)
+    use_real = ~params.greedy & (method == "real")
+    if bool(use_real.any()) and tree.draft_probs is None:
+        raise ValueError("method='real' needs a tree built with sample=True (it carries the draft probabilities)")
+    p_all = target_probs(target_logits, params)
+    children = tree.children(tree.max_children())
+    depth = int(tree.depths.max())
+
+    cur = torch.zeros(b, dtype=torch.long, device=device)
+    p_cur = p_all[:, 0]
+    q_cur = _draft_probs_at(tree, rows, cur, p_cur) if bool(use_real.any()) else None
+    active = torch.ones(b, dtype=torch.bool, device=device)
+    accepted = torch.full((b, depth + 1), -1, dtype=torch.long, device=device)
+    accepted[:, 0] = 0
+    for level in range(depth):
+        moved = torch.zeros(b, dtype=torch.bool, device=device)
+        for j in range(children.shape[2]):
+            child = children[rows, cur, j]
+            trying = active & ~moved & (child >= 0)
+            if not bool(trying.any()):
+                break
+            x = tree.tokens[rows, child.clamp(min=0)]
+            px = p_cur[rows, x]
+            ratio = px
+            if q_cur is not None:
+                ratio = torch.where(use_real, px / q_cur[rows, x].clamp(min=1e-30), px)
+            accept = trying & (torch.rand(b, generator=generator, device=device) < ratio)
+            reject = trying & ~accept
+            if q_cur is not None:
+                real_reject = (reject & use_real)[:, None]
+                residual = _normalize((p_cur - q_cur).clamp(min=0), fallback=p_cur)
+                q_without_x = _normalize(q_cur.scatter(1, x[:, None], 0.0), fallback=q_cur)
+                p_cur = torch.where(real_reject, residual, p_cur)
+                q_cur = torch.where(real_reject, q_without_x, q_cur)
+            onehot_reject = (reject & ~use_real)[:, None]
+            p_cur = torch.where(onehot_reject, _normalize(p_cur.scatter(1, x[:, None], 0.0), fallback=p_cur), p_cur)
+            cur = torch.where(accept, child, cur)
+            moved |= accept
+        accepted[:, level + 1] = torch.where(moved, cur, accepted[:, level + 1])
+        p_cur = torch.where(moved[:, None], p_all[rows, cur], p_cur)
+        if q_cur is not None:
+            q_cur = torch.where(moved[:, None], _draft_probs_at(tree, rows, cur, p_cur), q_cur)
+        active &= moved
+        if not bool(active.any()):
+            break
+    sampled = torch.multinomial(p_cur, 1, generator=generator).squeeze(1)
+    bonus = torch.where(params.greedy, p_cur.argmax(-1), sampled)
+    return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1), bonus=bonus)
+
+
+def _draft_probs_at(tree: DraftTree, rows: torch.Tensor, node: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The draft distribution at ``node`` per row, scattered into the target vocabulary."""
+    q = torch.zeros_like(like)
+    return q.index_copy_(1, tree.hot_ids, tree.draft_probs[rows, node].to(like.dtype))
+
+
+def _normalize(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    total = x.sum(-1, keepdim=True)
+    return torch.where(total > 0, x / total.clamp(min=1e-30), fallback)

@@ -1,0 +1,185 @@
+"""EAGLE-2 dynamic draft tree, batched: expansion by cumulative score, rerank, masks, paths.
+
+Definitions (see also :mod:`eagle3_plugin.config`): ``depth`` draft levels; at each level the
+``top_k`` best frontier nodes are expanded into ``top_k`` children each; finally the best
+``total_tokens - 1`` of all candidates are kept under the root. A chain is ``top_k = 1``.
+
+Scores. Greedy and one-hot trees rank by the cumulative draft log-probability. Trees for real-probability
+sampling draw each node's children *without replacement* from the draft (Gumbel-top-k) and rank by
+truncated-Gumbel scores (Kool et al. 2019), which never increase down a path and keep the sampling
+order among siblings. Either way a child never outranks its parent (ties go to the earlier candidate),
+so the kept set is closed under ancestors, and in creation order siblings appear in sampling order:
+the recursive rejection sampler relies on both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+# expand(level, tokens [B, k], parent_slot [B, k]) -> draft logits [B, k, draft_vocab]
+ExpandFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DraftTree:
+    """One draft tree per row, ``N = total_tokens`` nodes in topological order, the root at index 0.
+
+    ``tokens [B, N]`` target-vocabulary ids (root: the last token, not yet verified), ``parents [B, N]``
+    (-1 for the root, else a smaller index), ``depths [B, N]`` (root 0). For real-probability trees,
+    ``draft_probs [B, N, draft_vocab]`` is the distribution node i's children were drawn from, and
+    ``hot_ids [draft_vocab]`` maps draft ids to target ids.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    draft_probs: Optional[torch.Tensor] = None
+    hot_ids: Optional[torch.Tensor] = None
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """``[B, N, N]`` bool: node j is node i or one of its ancestors (the tree attention mask)."""
+        b, n = self.parents.shape
+        mask = torch.eye(n, dtype=torch.bool, device=self.parents.device).repeat(b, 1, 1)
+        rows = torch.arange(b, device=self.parents.device)
+        for i in range(1, n):  # parents precede children, so the parent's row is final
+            mask[:, i] |= mask[rows, self.parents[:, i]]
+        return mask
+
+    def max_children(self) -> int:
+        """The largest number of children of any node (at least 1)."""
+        is_child = (self.parents >= 0).long()
+        counts = torch.zeros_like(self.parents).scatter_add_(1, self.parents.clamp(min=0), is_child)
+        return max(int(counts.max()), 1)
+
+    def children(self, max_children: int) -> torch.Tensor:
+        """``[B, N, max_children]``: each node's children in index order, padded with -1."""
+        b, n = self.parents.shape
+        out = torch.full((b, n, max_children), -1, dtype=torch.long, device=self.parents.device)
+        count = torch.zeros(b, n, dtype=torch.long, device=self.parents.device)
+        rows = torch.arange(b, device=self.parents.device)
+        for i in range(1, n):
+            p = self.parents[:, i]
+            out[rows, p, count[rows, p]] = i
+            count[rows, p] += 1
+        return out
+
+    def retrieve_indices(self) -> torch.Tensor:
+        """``[B, N, depth + 1]``: for each node, its root-to-node path (padded with -1); leaves' rows
+        are EAGLE's retrieve indices."""
+        b, n = self.parents.shape
+        width = int(self.depths.max()) + 1
+        paths = torch.full((b, n, width), -1, dtype=torch.long, device=self.parents.device)
+        rows = torch.arange(b, device=self.parents.device)
+        paths[:, 0, 0] = 0
+        for i in range(1, n):
+            paths[:, i] = paths[rows, self.parents[:, i]]
+            paths[rows, i, self.depths[:, i]] = i
+        return paths
+
+
+def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: ExpandFn, depth: int, top_k: int,
+               total_tokens: int, temperature: torch.Tensor, sample: bool, hot_ids: torch.Tensor,
+               generator: Optional[torch.Generator] = None) -> DraftTree:
+    """Grow one tree per row.
+
+    ``root_logits [B, Vd]`` are the draft's logits for the first level; ``expand`` runs the draft on a
+    level's frontier. ``temperature [B]`` (0 = greedy) scales the draft distribution; with ``sample``,
+    rows with temperature > 0 draw children without replacement (and keep ``draft_probs``).
+    """
+    b, vd = root_logits.shape
+    device = root_logits.device
+    rows = torch.arange(b, device=device)
+    t_eff = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(root_logits.dtype)
+    sampled_rows = (temperature > 0) & sample
+
+    cand_tokens, cand_parent, cand_score, cand_depth, cand_slot = [], [], [], [], []
+    expanded_probs = []  # per expanded node (root first), the draft distribution over its children
+    # Frontier state: cumulative log-prob phi, perturbed score g, candidate index, slot among expanded.
+    phi = torch.zeros(b, 1, device=device)
+    g = torch.zeros(b, 1, device=device)
+    front_cand = torch.full((b, 1), -1, dtype=torch.long, device=device)
+    logits = root_logits[:, None, :]
+    n_cand = 0
+    for level in range(1, depth + 1):
+        logq = torch.log_softmax(logits.float() / t_eff[:, None, None], dim=-1)  # [B, k_prev, Vd]
+        if sample:
+            expanded_probs.append(logq.exp())
+        child_phi = phi[..., None] + logq
+        perturbed = child_phi + _gumbel(child_phi.shape, generator, device) * sampled_rows[:, None, None]
+        top_perturbed, top_ids = _stable_topk(perturbed, top_k)  # [B, k_prev, k]
+        top_phi = torch.gather(child_phi, 2, top_ids)
+        top_g = _truncated_gumbel(g[..., None], top_perturbed, perturbed.amax(-1, keepdim=True))
+        score = torch.where(sampled_rows[:, None, None], top_g, top_phi).flatten(1)  # [B, k_prev * k]
+        k_prev = logits.shape[1]
+        parents = front_cand[:, :, None].expand(-1, -1, top_k).flatten(1)
+        cand_tokens.append(hot_ids[top_ids.flatten(1)])
+        cand_parent.append(parents)
+        cand_score.append(score)
+        cand_depth.append(torch.full_like(parents, level))
+        cand_slot.append(torch.full_like(parents, -1))
+        if level == depth:
+            break
+        # Next frontier: the level's top_k candidates by score (for level 1 that is all of them).
+        order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :top_k]
+        slot_base = 1 + (level - 1) * top_k
+        cand_slot[-1][rows[:, None], order] = slot_base + torch.arange(top_k, device=device)
+        phi = torch.gather(top_phi.flatten(1), 1, order)
+        g = torch.gather(score, 1, order)
+        front_cand = n_cand + order
+        front_tokens = torch.gather(cand_tokens[-1], 1, order)
+        logits = expand(level, front_tokens, order // top_k)
+        n_cand += k_prev * top_k
+
+    tokens, parent, score, depths, slot = (torch.cat(x, dim=1) for x in
+                                           (cand_tokens, cand_parent, cand_score, cand_depth, cand_slot))
+    keep = torch.sort(torch.sort(score, dim=1, descending=True, stable=True).indices[:, :total_tokens - 1],
+                      dim=1).values  # creation order: topological, siblings in sampling order
+    node_of_cand = torch.full_like(parent, -1)
+    node_of_cand[rows[:, None], keep] = torch.arange(1, total_tokens, device=device)
+    kept_parent = torch.gather(parent, 1, keep)
+    parent_node = torch.where(kept_parent < 0, torch.zeros_like(kept_parent),
+                              torch.gather(node_of_cand, 1, kept_parent.clamp(min=0)))
+    tree = DraftTree(
+        tokens=torch.cat([root_tokens[:, None], torch.gather(tokens, 1, keep)], dim=1),
+        parents=torch.cat([torch.full((b, 1), -1, dtype=torch.long, device=device), parent_node], dim=1),
+        depths=torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.gather(depths, 1, keep)], 1),
+    )
+    assert bool((tree.parents[:, 1:] >= 0).all()), "a kept node's parent must be kept (ancestor closure)"
+    if sample:
+        probs = torch.cat(expanded_probs, dim=1)  # [B, E, Vd]
+        node_slot = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.gather(slot, 1, keep)], 1)
+        tree.draft_probs = torch.gather(probs, 1, node_slot.clamp(min=0)[..., None].expand(-1, -1, vd))
+        tree.draft_probs[node_slot < 0] = 0.0  # never expanded: no children
+        tree.hot_ids = hot_ids
+    return tree
+
+
+def _stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim with ties broken by the lower index (torch.topk does not promise it)."""
+    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[..., :k], ids[..., :k]
+
+
+def _gumbel(shape, generator, device) -> torch.Tensor:
+    u = torch.rand(shape, generator=generator, device=device).clamp_(1e-20, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def _truncated_gumbel(parent_g: torch.Tensor, g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Gumbels ``g`` conditioned on their maximum ``z`` being ``parent_g`` (Kool et al., eq. 23, stable form)."""
+    v = parent_g - g + _log1mexp(g - z)
+    return parent_g - v.clamp(min=0) - torch.log1p(torch.exp(-v.abs()))
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x <= 0 (-inf at 0)."""
+    x = x.clamp(max=0)
+    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))

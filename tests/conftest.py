@@ -1,0 +1,35 @@
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle3_plugin.draft import DraftConfig, Eagle3Draft
+
+
+def tiny_llama(num_layers: int = 6, vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper distributions than the default init, so argmax is well defined
+        model.lm_head.weight.mul_(20)
+    return model
+
+
+def random_draft(target, draft_vocab: int = 61, seed: int = 1) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(DraftConfig.for_target(target.config, draft_vocab)).eval()
+    hot = torch.sort(torch.randperm(target.config.vocab_size)[:draft_vocab]).values
+    draft.d2t.copy_(hot - torch.arange(draft_vocab))
+    draft.t2d.zero_()[hot] = True
+    return draft
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return random_draft(target)

@@ -1,0 +1,85 @@
+import torch
+
+from eagle3_plugin.sampler import SamplingParams
+from toy import Bigram
+
+
+def build(toy, batch, depth, top_k, total, temperature=0.0, sample=False, seed=0):
+    params = SamplingParams.uniform(batch, temperature=temperature)
+    roots = torch.arange(batch) % toy.vocab
+    tree, _ = toy.one_round(roots, depth, top_k, total, params, "real" if sample else "one_hot", sample,
+                            torch.Generator().manual_seed(seed))
+    return tree
+
+
+def test_tree_shape_and_topology():
+    toy = Bigram(vocab=50, draft_vocab=40, seed=3)
+    tree = build(toy, 4, depth=4, top_k=3, total=12)
+    assert tree.tokens.shape == tree.parents.shape == (4, 12)
+    assert (tree.parents[:, 0] == -1).all()
+    idx = torch.arange(1, 12)
+    assert (tree.parents[:, 1:] >= 0).all() and (tree.parents[:, 1:] < idx).all()
+    depth_of_parent = tree.depths.gather(1, tree.parents[:, 1:])
+    assert (tree.depths[:, 1:] == depth_of_parent + 1).all()
+    assert int(tree.depths.max()) <= 4
+    assert set(tree.tokens[:, 1:].flatten().tolist()) <= set(toy.hot_ids.tolist())
+
+
+def test_greedy_tree_keeps_the_best_cumulative_paths():
+    """Every kept node scores at least as high as every dropped candidate (EAGLE-2 rerank)."""
+    toy = Bigram(vocab=30, draft_vocab=30, seed=5)
+    tree = build(toy, 1, depth=2, top_k=3, total=6)
+    logq = torch.log_softmax(toy.draft, dim=-1)
+    root = int(tree.tokens[0, 0])
+    first = torch.topk(logq[root], 3)
+    scores = {(int(t),): float(s) for s, t in zip(first.values, first.indices)}
+    for s1, t1 in zip(first.values, first.indices):
+        second = torch.topk(logq[t1], 3)
+        scores.update({(int(t1), int(t2)): float(s1 + s2) for s2, t2 in zip(second.values, second.indices)})
+    best = sorted(scores.values(), reverse=True)[:5]
+    kept = []
+    for i in range(1, 6):
+        path, node = [], i
+        while node > 0:
+            path.append(int(tree.tokens[0, node]))
+            node = int(tree.parents[0, node])
+        kept.append(scores[tuple(reversed(path))])
+    assert sorted(kept, reverse=True) == best
+
+
+def test_chain_is_the_top_k_1_tree():
+    toy = Bigram(vocab=20, draft_vocab=20, seed=2)
+    tree = build(toy, 3, depth=5, top_k=1, total=6)
+    assert (tree.parents[:, 1:] == torch.arange(5)).all()
+    assert (tree.depths == torch.arange(6)).all()
+    for i in range(1, 6):  # each token is the draft argmax after the previous one
+        assert (tree.tokens[:, i] == toy.draft[tree.tokens[:, i - 1]].argmax(-1)).all()
+
+
+def test_masks_and_paths():
+    toy = Bigram(vocab=40, draft_vocab=40, seed=4)
+    tree = build(toy, 2, depth=3, top_k=2, total=7, temperature=1.0, sample=True)
+    mask = tree.ancestor_mask()
+    paths = tree.retrieve_indices()
+    for b in range(2):
+        for i in range(7):
+            chain, node = [], i
+            while node >= 0:
+                chain.append(node)
+                node = int(tree.parents[b, node])
+            assert set(torch.nonzero(mask[b, i]).flatten().tolist()) == set(chain)
+            assert paths[b, i, : len(chain)].tolist() == list(reversed(chain))
+    children = tree.children(tree.max_children())
+    for b in range(2):  # children listed in index order = sampling order
+        for i in range(7):
+            kids = [c for c in children[b, i].tolist() if c >= 0]
+            assert kids == sorted(kids) and all(int(tree.parents[b, c]) == i for c in kids)
+
+
+def test_sampled_tree_carries_the_draft_distribution_of_each_expanded_node():
+    toy = Bigram(vocab=40, draft_vocab=30, seed=6)
+    tree = build(toy, 8, depth=3, top_k=3, total=9, temperature=0.8, sample=True)
+    has_children = torch.zeros_like(tree.tokens, dtype=torch.bool)
+    has_children.scatter_(1, tree.parents[:, 1:], True)
+    sums = tree.draft_probs.sum(-1)
+    assert torch.allclose(sums[has_children], torch.ones(()), atol=1e-5)
