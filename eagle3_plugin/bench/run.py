@@ -1,0 +1,92 @@
+"""``eagle3 bench``: the same prompts without and with speculation, side by side in one run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+from tqdm import tqdm
+
+from ..config import Eagle3Config
+from ..datafiles import encode_prompt, read_prompts
+from ..errors import Eagle3Error
+from .engines import open_engine
+from .report import PromptResult, build_report, markdown, plot
+
+
+@dataclass
+class BenchArgs:
+    engine: str
+    target: str
+    draft: str
+    prompts: str
+    max_prompts: Optional[int] = None
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    chain: Optional[int] = None
+    tree: Optional[tuple] = None
+    tree_sampler: Optional[str] = None
+    seed: int = 0
+    json_out: Optional[str] = None
+    plot_out: Optional[str] = None
+
+
+def speculation_config(args: BenchArgs) -> Eagle3Config:
+    """The draft's ``eagle3.json`` (or defaults), with ``--chain`` / ``--tree`` / ``--tree-sampler`` applied."""
+    path = os.path.join(args.draft, "eagle3.json")
+    base = Eagle3Config.load(path) if os.path.exists(path) else Eagle3Config(draft=os.path.abspath(args.draft))
+    changes = {"draft": os.path.abspath(args.draft)}
+    if args.chain is not None and args.tree is not None:
+        raise Eagle3Error("give --chain or --tree, not both")
+    if args.chain is not None:
+        changes.update(mode="chain", depth=args.chain, top_k=1, total_tokens=args.chain + 1)
+    elif args.tree is not None:
+        changes.update(mode="tree", depth=args.tree[0], top_k=args.tree[1], total_tokens=args.tree[2])
+    if args.tree_sampler:
+        changes["tree_sampler"] = args.tree_sampler
+    try:
+        return dataclasses.replace(base, **changes)
+    except Eagle3Error as e:
+        raise Eagle3Error(f"speculation settings: {e}") from None
+
+
+def bench(args: BenchArgs) -> dict:
+    from transformers import AutoTokenizer
+
+    if args.temperature < 0:
+        raise Eagle3Error(f"--temperature must be >= 0, got {args.temperature}")
+    records = read_prompts(args.prompts)[: args.max_prompts]
+    config = speculation_config(args)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    prompts = [encode_prompt(tokenizer, r.prompt) for r in records]
+    engine = open_engine(args.engine, args.target, config)
+    try:
+        engine.generate(prompts[0][:8], 4, args.temperature, True, args.seed, None)  # warm-up, untimed
+        results = []
+        for i, (record, prompt) in enumerate(tqdm(list(zip(records, prompts)), desc=f"bench {args.engine}",
+                                                  unit="prompt", file=sys.stderr)):
+            base = engine.generate(prompt, args.max_new_tokens, args.temperature, False, args.seed + i,
+                                   tokenizer.eos_token_id)
+            spec = engine.generate(prompt, args.max_new_tokens, args.temperature, True, args.seed + i,
+                                   tokenizer.eos_token_id)
+            results.append(PromptResult(record.category, spec.tokens, base.tokens, spec.seconds, base.seconds,
+                                        spec.stats))
+    finally:
+        engine.close()
+    settings = {"depth": config.depth, "top_k": config.top_k, "total_tokens": config.total_tokens,
+                "tree_sampler": config.tree_sampler, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "target": args.target, "draft": args.draft, "prompts": args.prompts}
+    report = build_report(results, engine=args.engine, mode=config.mode, temperature=args.temperature,
+                          depth=config.depth, settings=settings)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    if args.plot_out:
+        plot(report, args.plot_out)
+    print(markdown(report))
+    return report

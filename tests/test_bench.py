@@ -1,0 +1,90 @@
+"""``eagle3 bench`` + ``eagle3 check`` on the bundled checkpoint: the regression harness catches a worse draft."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from bundled import BASELINES, BENCH_ARGS, DRAFT, HELDOUT, TARGET
+from eagle3_plugin.checkpoint import load_draft, save_draft
+from eagle3_plugin.cli import main
+from eagle3_plugin.config import Eagle3Config
+
+ENGINE_BASELINES = {"reference": "reference-tree.json"}
+
+
+def bench(tmp_path, engine, draft, *extra, name="report.json"):
+    out = tmp_path / name
+    assert main(["bench", "--engine", engine, "--draft", draft, *BENCH_ARGS, "--json", str(out), *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def worse_draft(tmp_path_factory):
+    """The bundled draft with its fused-feature projection damaged: a realistic silent regression."""
+    draft = load_draft(DRAFT)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        draft.fc.weight.add_(torch.randn_like(draft.fc.weight) * draft.fc.weight.std() * 1.5)
+    out = tmp_path_factory.mktemp("worse") / "draft"
+    save_draft(draft, str(out), Eagle3Config.load(DRAFT))
+    return str(out)
+
+
+@pytest.mark.parametrize("engine", ENGINE_BASELINES)
+def test_bench_passes_check_against_the_committed_baseline(tmp_path, engine, capsys):
+    report_path = bench(tmp_path, engine, DRAFT)
+    report = json.loads(report_path.read_text())
+    for key in ("engine", "mode", "temperature", "num_prompts", "generated_tokens", "mean_acceptance_length",
+                "acceptance_per_position", "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_match"):
+        assert key in report, key
+    assert report["greedy_match"] is True and report["num_prompts"] == 8
+    assert report["mean_acceptance_length"] > 1.5
+    capsys.readouterr()
+    assert main(["check", str(report_path), "--baseline", os.path.join(BASELINES, ENGINE_BASELINES[engine])]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("engine", ENGINE_BASELINES)
+def test_check_catches_a_worse_draft(tmp_path, engine, worse_draft, capsys):
+    report = bench(tmp_path, engine, worse_draft)
+    capsys.readouterr()
+    assert main(["check", str(report), "--baseline", os.path.join(BASELINES, ENGINE_BASELINES[engine])]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "mean_acceptance_length" in out
+
+
+def test_categories_plot_and_sampling_report(tmp_path):
+    prompts = tmp_path / "q.jsonl"
+    lines = [json.loads(line) for line in open(HELDOUT)][:4]
+    prompts.write_text("".join(json.dumps({"category": c, "turns": [r["prompt"]]}) + "\n"
+                               for c, r in zip(["code", "docs", "code", "docs"], lines)))
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["bench", "--target", TARGET, "--draft", DRAFT, "--prompts", str(prompts), "--max-new-tokens", "16",
+                 "--temperature", "1.0", "--chain", "3", "--json", str(out), "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    assert report["greedy_match"] is None and report["mode"] == "chain"
+    assert set(report["categories"]) == {"code", "docs"}
+    assert sum(c["num_prompts"] for c in report["categories"].values()) == 4
+    assert len(report["acceptance_per_position"]) == 3
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_malformed_prompt_file_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "def f():"}\n{"prompt": "x"\n')
+    assert main(["bench", "--target", TARGET, "--draft", DRAFT, "--prompts", str(bad)]) == 2
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"id": 1}\n')
+    assert main(["bench", "--target", TARGET, "--draft", DRAFT, "--prompts", str(missing)]) == 2
+    assert f"{missing}:1: no prompt field" in capsys.readouterr().err
+
+
+def test_check_refuses_reports_measured_differently(tmp_path, capsys):
+    base = json.load(open(os.path.join(BASELINES, "reference-tree.json")))
+    other = dict(base, temperature=1.0)
+    (tmp_path / "a.json").write_text(json.dumps(other))
+    assert main(["check", str(tmp_path / "a.json"), "--baseline", os.path.join(BASELINES, "reference-tree.json")]) == 2
+    assert "measured differently" in capsys.readouterr().err
