@@ -38,12 +38,13 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
     p.add_argument("--max-prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--tree", default="5,4,16", help="DEPTH,TOPK,TOTAL")
+    p.add_argument("--tree", help="DEPTH,TOPK,TOTAL (default: the draft's eagle3.json)")
     a = p.parse_args(argv)
-    depth, top_k, total = (int(x) for x in a.tree.split(","))
+    base = Eagle3Config.load(a.draft)
+    depth, top_k, total = (int(x) for x in a.tree.split(",")) if a.tree else (base.depth, base.top_k,
+                                                                              base.total_tokens)
     tok = AutoTokenizer.from_pretrained(a.target)
     prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(a.prompts)[: a.max_prompts]]
-    base = Eagle3Config.load(a.draft)
     tree = Eagle3Config(draft=base.draft, layer_ids=base.layer_ids, depth=depth, top_k=top_k, total_tokens=total)
     chain = Eagle3Config.chain(depth, draft=base.draft, layer_ids=base.layer_ids)
     one_hot = Eagle3Config(**{**tree.to_dict(), "layer_ids": base.layer_ids, "tree_sampler": "one_hot"})

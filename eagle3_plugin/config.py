@@ -7,8 +7,8 @@ Example::
       "layer_ids": [1, 3, 5],        # capture ids, our rule (eagle3_plugin.layers); null = draft default
       "mode": "tree",                # "chain" or "tree"
       "depth": 5,                    # draft levels: the most draft tokens one round can accept
-      "top_k": 4,                    # children per expanded node (chain: 1)
-      "total_tokens": 16,            # tokens verified per round, root included (chain: depth + 1)
+      "top_k": 8,                    # children per expanded node (chain: 1)
+      "total_tokens": 32,            # tokens verified per round, root included (chain: depth + 1)
       "tree_sampler": "real"         # T>0 verification: "real" draft probabilities or "one_hot" (EAGLE/SGLang)
     }
 
@@ -38,8 +38,8 @@ class Eagle3Config:
     layer_ids: Optional[tuple[int, int, int]] = None
     mode: Literal["chain", "tree"] = "tree"
     depth: int = 5
-    top_k: int = 4
-    total_tokens: int = 16
+    top_k: int = 8
+    total_tokens: int = 32
     tree_sampler: Literal["real", "one_hot"] = "real"
 
     def __post_init__(self):

@@ -25,6 +25,7 @@ def atomic_directory(path: str, force: bool = False):
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         yield tmp
+        _default_permissions(tmp)
         if os.path.exists(path):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
             os.replace(path, os.path.join(old, "x"))
@@ -35,3 +36,15 @@ def atomic_directory(path: str, force: bool = False):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _default_permissions(folder: str) -> None:
+    """Give the finished folder the modes a plain mkdir/open would (mkdtemp and some writers use 0700/0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
