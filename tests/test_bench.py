@@ -11,13 +11,31 @@ from eagle3_plugin.checkpoint import load_draft, save_draft
 from eagle3_plugin.cli import main
 from eagle3_plugin.config import Eagle3Config
 
-ENGINE_BASELINES = {"reference": "reference-tree.json"}
+# engine, speculation shape, committed baseline: every engine the project supports
+CASES = {
+    "reference-tree": ("reference", [], "reference-tree.json"),
+    "reference-chain": ("reference", ["--chain", "5"], "reference-chain.json"),
+    "vllm-chain": ("vllm", ["--chain", "5"], "vllm-chain.json"),
+}
 
 
 def bench(tmp_path, engine, draft, *extra, name="report.json"):
     out = tmp_path / name
     assert main(["bench", "--engine", engine, "--draft", draft, *BENCH_ARGS, "--json", str(out), *extra]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Bench reports of the bundled draft, one per case, made once for the module."""
+    made = {}
+
+    def get(case):
+        if case not in made:
+            engine, extra, _ = CASES[case]
+            made[case] = bench(tmp_path_factory.mktemp(case), engine, DRAFT, *extra)
+        return made[case]
+    return get
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +50,9 @@ def worse_draft(tmp_path_factory):
     return str(out)
 
 
-@pytest.mark.parametrize("engine", ENGINE_BASELINES)
-def test_bench_passes_check_against_the_committed_baseline(tmp_path, engine, capsys):
-    report_path = bench(tmp_path, engine, DRAFT)
+@pytest.mark.parametrize("case", CASES)
+def test_bench_passes_check_against_the_committed_baseline(reports, case, capsys):
+    report_path = reports(case)
     report = json.loads(report_path.read_text())
     for key in ("engine", "mode", "temperature", "num_prompts", "generated_tokens", "mean_acceptance_length",
                 "acceptance_per_position", "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_match"):
@@ -42,17 +60,32 @@ def test_bench_passes_check_against_the_committed_baseline(tmp_path, engine, cap
     assert report["greedy_match"] is True and report["num_prompts"] == 8
     assert report["mean_acceptance_length"] > 1.5
     capsys.readouterr()
-    assert main(["check", str(report_path), "--baseline", os.path.join(BASELINES, ENGINE_BASELINES[engine])]) == 0
+    assert main(["check", str(report_path), "--baseline", os.path.join(BASELINES, CASES[case][2])]) == 0
     assert "PASS" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("engine", ENGINE_BASELINES)
-def test_check_catches_a_worse_draft(tmp_path, engine, worse_draft, capsys):
-    report = bench(tmp_path, engine, worse_draft)
+@pytest.mark.parametrize("case", CASES)
+def test_check_catches_a_worse_draft(tmp_path, case, worse_draft, capsys):
+    engine, extra, baseline = CASES[case]
+    report = bench(tmp_path, engine, worse_draft, *extra)
     capsys.readouterr()
-    assert main(["check", str(report), "--baseline", os.path.join(BASELINES, ENGINE_BASELINES[engine])]) == 1
+    assert main(["check", str(report), "--baseline", os.path.join(BASELINES, baseline)]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "mean_acceptance_length" in out
+
+
+def test_engines_agree_on_acceptance(reports):
+    """Same draft, prompts and chain: vLLM's counters and the reference generator give the same figures."""
+    ref, vllm = (json.loads(reports(c).read_text()) for c in ("reference-chain", "vllm-chain"))
+    assert ref["drafting_rounds"] == vllm["drafting_rounds"]
+    assert ref["mean_acceptance_length"] == pytest.approx(vllm["mean_acceptance_length"], abs=1e-9)
+    assert ref["acceptance_per_position"] == pytest.approx(vllm["acceptance_per_position"], abs=1e-9)
+    assert ref["greedy_match"] and vllm["greedy_match"]
+
+
+def test_vllm_engine_refuses_trees_until_they_land(capsys):
+    assert main(["bench", "--engine", "vllm", "--draft", DRAFT, *BENCH_ARGS, "--tree", "5,8,32"]) == 2
+    assert "chains only" in capsys.readouterr().err
 
 
 def test_categories_plot_and_sampling_report(tmp_path):

