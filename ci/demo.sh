@@ -9,4 +9,4 @@ common=(--target checkpoints/target --draft checkpoints/draft --prompts checkpoi
         --max-prompts 16 --max-new-tokens 96)
 .venv/bin/eagle3 bench --engine reference "${common[@]}" "$@"
 echo
-VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/eagle3 bench --engine vllm --chain 5 "${common[@]}" "$@" 2> >(grep -v -E "^(INFO|WARNING|\(EngineCore)" >&2)
+VLLM_LOGGING_LEVEL=ERROR VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/eagle3 bench --engine vllm --chain 5 "${common[@]}" "$@"
