@@ -1,0 +1,51 @@
+"""Our eagle3.json as vLLM's speculative_config, and the server launcher's argument rewriting."""
+
+import json
+import shutil
+
+import pytest
+
+from bundled import DRAFT
+from eagle3_plugin.errors import Eagle3Error
+from eagle3_plugin.vllm.serve import rewrite_args
+from eagle3_plugin.vllm.speculative import speculative_config
+
+
+@pytest.fixture
+def chain_file(tmp_path):
+    path = tmp_path / "eagle3.json"
+    path.write_text(json.dumps({"draft": DRAFT, "mode": "chain", "depth": 4, "layer_ids": [1, 3, 5]}))
+    return str(path)
+
+
+def test_file_inline_and_passthrough(chain_file):
+    want = {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 4}
+    assert speculative_config(chain_file) == want
+    assert speculative_config(json.dumps({"draft": DRAFT, "mode": "chain", "depth": 4})) == want
+    native = {"method": "eagle3", "model": "x", "num_speculative_tokens": 2}
+    assert speculative_config(json.dumps(native)) == native
+
+
+def test_tree_mode_and_bad_values_are_refused(tmp_path):
+    with pytest.raises(Eagle3Error, match="mode 'tree' is not available in vLLM yet"):
+        speculative_config(DRAFT)  # the bundled eagle3.json asks for a tree
+    with pytest.raises(Eagle3Error, match="unknown key 'dpeth'"):
+        speculative_config(json.dumps({"mode": "chain", "dpeth": 3}))
+    with pytest.raises(Eagle3Error, match="neither a file nor JSON"):
+        speculative_config("no/such/eagle3.json")
+
+
+def test_layer_ids_must_agree_with_what_vllm_reads(tmp_path):
+    draft = tmp_path / "draft"
+    shutil.copytree(DRAFT, draft)
+    with pytest.raises(Eagle3Error, match=r"differs from eagle3.json's layer_ids \[0, 2, 4\]"):
+        speculative_config(json.dumps({"draft": str(draft), "mode": "chain", "depth": 3, "layer_ids": [0, 2, 4]}))
+
+
+def test_launcher_rewrites_model_and_config(chain_file):
+    args = rewrite_args(["checkpoints/target", "--speculative-config", chain_file, "--port", "8000"])
+    assert args[:2] == ["--model", "checkpoints/target"]
+    assert json.loads(args[args.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
+    assert args[-2:] == ["--port", "8000"]
+    eq = rewrite_args(["--model", "m", f"--speculative-config={chain_file}"])
+    assert json.loads(eq[-1].split("=", 1)[1])["method"] == "eagle3"
