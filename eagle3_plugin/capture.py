@@ -13,12 +13,12 @@ from torch import nn
 from .layers import validate_layer_ids
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
+def decoder_layers(model: nn.Module, num_layers: int | None = None) -> nn.ModuleList:
     """The decoder-layer list of ``model``: the ModuleList with ``num_hidden_layers`` entries.
 
     Works for Llama, Qwen, Mistral, GPT-2 (``transformer.h``), ... without naming them.
     """
-    n = model.config.num_hidden_layers
+    n = num_layers if num_layers is not None else model.config.num_hidden_layers
     candidates = [m for _, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n]
     if len(candidates) != 1:
         raise ValueError(f"cannot identify the decoder layers of {type(model).__name__}: "
@@ -26,18 +26,26 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return candidates[0]
 
 
+def hf_stream(args, kwargs) -> torch.Tensor:
+    """Transformers decoder layers receive the residual stream itself as ``hidden_states``."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
 class FusedCapture:
-    """Hooks writing the three captured layers of every forward into one buffer ``[B, T, 3 * H]``.
+    """Hooks writing the three captured layers of every forward into one buffer ``[..., 3 * H]``.
 
     Use as a context manager around target forwards; after each forward, :attr:`features` is a view of
-    the buffer for that forward's tokens. The buffer grows (rarely) only when a forward is larger than
-    any before it.
+    the buffer for that forward's tokens, valid until the next forward. The buffer grows (rarely) only
+    when a forward is larger than any before it. ``stream(args, kwargs)`` reads the residual stream
+    from a decoder layer's inputs (engines with fused residual adds pass it in two parts).
     """
 
-    def __init__(self, model: nn.Module, layer_ids, capacity_tokens: int = 4096):
-        layers = decoder_layers(model)
+    def __init__(self, model: nn.Module, layer_ids, capacity_tokens: int = 4096, layers: nn.ModuleList | None = None,
+                 stream=hf_stream, hidden_size: int | None = None):
+        layers = decoder_layers(model) if layers is None else layers
         self.layer_ids = validate_layer_ids(layer_ids, len(layers))
-        self.hidden_size = model.config.hidden_size
+        self.hidden_size = hidden_size or model.config.hidden_size
+        self._stream = stream
         self._layers = [layers[i] for i in self.layer_ids]
         self._buffer = torch.empty(capacity_tokens * 3 * self.hidden_size,
                                    dtype=next(model.parameters()).dtype, device=next(model.parameters()).device)
@@ -58,7 +66,7 @@ class FusedCapture:
         h = self.hidden_size
 
         def write(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
+            hidden = self._stream(args, kwargs)
             if slot == 0:
                 self._start(hidden.shape[:-1])
             self.features[..., slot * h:(slot + 1) * h].copy_(hidden)

@@ -18,6 +18,9 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.sample.rejection_sampler", "expand_kernel", None),
     ("vllm.v1.sample.rejection_sampler", "expand_batch_to_tokens",
      ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs", ()),
+    ("vllm.model_executor.models.interfaces", "supports_eagle3", ("model",)),
+    ("vllm.model_executor.models.interfaces", "SupportsEagle3.set_aux_hidden_state_layers", ("layers",)),
 )
 
 
