@@ -9,67 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .config import CONFIG_FILENAME, Eagle3Config
 from .draft import DraftConfig, Eagle3Draft
 from .errors import Eagle3Error
 from .fsutil import atomic_directory
 from .layers import LayerIdError, validate_layer_ids
+from .weights import open_tensors
 
 OPTIONAL_KEYS = ("embed_tokens.weight",)
 
 
 def read_tensors(folder: str) -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint in ``folder``: safetensors (single or sharded) or a safe ``.bin``."""
-    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
-    binary, bin_index = os.path.join(folder, "pytorch_model.bin"), os.path.join(folder, "pytorch_model.bin.index.json")
-    if os.path.exists(single):
-        return _read_safetensors(single)
-    if os.path.exists(index) or os.path.exists(bin_index):
-        index = index if os.path.exists(index) else bin_index
-        reader = _read_safetensors if index.endswith(".safetensors.index.json") else _read_pickle
-        try:
-            with open(index) as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise Eagle3Error(f"{index}: not a valid shard index ({e})") from None
-        tensors = {}
-        for shard in shards:
-            tensors.update(reader(os.path.join(folder, shard)))
-        return tensors
-    if os.path.exists(binary):
-        return _read_pickle(binary)
-    raise Eagle3Error(f"{folder}: no weights found (model.safetensors, model.safetensors.index.json "
-                      f"or pytorch_model.bin)")
-
-
-def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(path)
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing weight file") from None
-    except (SafetensorError, OSError, ValueError) as e:
-        raise Eagle3Error(f"{path}: corrupt or truncated safetensors file ({e})") from None
-
-
-def _read_pickle(path: str) -> dict[str, torch.Tensor]:
-    try:
-        tensors = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing weight file") from None
-    except pickle.UnpicklingError as e:
-        raise Eagle3Error(f"{path}: refused to load: the pickle holds more than tensors and could run code "
-                          f"(only weights_only loading is allowed; {str(e).splitlines()[0]})") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise Eagle3Error(f"{path}: corrupt or truncated .bin file ({e})") from None
-    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
-        raise Eagle3Error(f"{path}: expected a dict of tensors")
-    return tensors
+    return {name: t.load() for name, t in open_tensors(folder).items()}
 
 
 def read_draft_config(folder: str) -> DraftConfig:
