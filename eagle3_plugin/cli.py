@@ -1,4 +1,4 @@
-"""``eagle3``: train | bench | check. Errors in user input print one line and exit with status 2."""
+"""``eagle3``: train | bench | check | convert | inspect. Errors in user input print one line and exit with status 2."""
 
 from __future__ import annotations
 
@@ -90,12 +90,50 @@ def _run_check(a) -> int:
     return 0 if ok else 1
 
 
+def _add_convert(sub) -> None:
+    p = sub.add_parser("convert", help="convert a draft between EAGLE-3 checkpoint formats")
+    p.add_argument("src")
+    p.add_argument("--to", required=True, choices=("eagle", "specforge", "speculators", "vllm", "sglang", "ours"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", help="validate against this target (and take its default capture ids if needed)")
+    p.add_argument("--layers", type=_int_triple, help="capture ids low,mid,high in our rule (input of layer i)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.set_defaults(run=_run_convert)
+
+
+def _run_convert(a) -> int:
+    from .convert import convert
+    fmt = convert(a.src, a.to, a.out, target=a.target, layers=a.layers, force=a.force)
+    print(f"converted {a.src} ({fmt}) -> {a.out} ({a.to})")
+    return 0
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="format, shapes, vocabulary mapping, capture layers and problems of a draft")
+    p.add_argument("folder")
+    p.add_argument("--target")
+    p.add_argument("--layers", type=_int_triple)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(a) -> int:
+    import json
+
+    from .convert import format_report, inspect_report
+    report = inspect_report(a.folder, a.target, a.layers)
+    print(json.dumps(report, indent=2) if a.json else format_report(report))
+    return 1 if report["problems"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_bench(sub)
     _add_check(sub)
+    _add_convert(sub)
+    _add_inspect(sub)
     return parser
 
 
