@@ -13,7 +13,7 @@ from ..checkpoint import validate_vocab_mapping
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
 from ..layers import LayerIdError, validate_layer_ids
-from ..weights import LazyTensor, open_tensors
+from ..weights import LazyTensor, all_finite, open_tensors
 
 EMBED = "embed_tokens.weight"
 
@@ -76,7 +76,7 @@ class CanonicalDraft:
         return found
 
     def check_finite(self, name: str, x: torch.Tensor) -> None:
-        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise Eagle3Error(f"tensor {name!r} contains NaN or Inf")
 
     def weights(self, rename=lambda name: name, drop=(), with_embed: bool = False) -> dict[str, LazyTensor]:

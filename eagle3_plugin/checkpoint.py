@@ -18,7 +18,7 @@ from .draft import DraftConfig, Eagle3Draft
 from .errors import Eagle3Error
 from .fsutil import atomic_directory
 from .layers import LayerIdError, validate_layer_ids
-from .weights import open_tensors
+from .weights import all_finite, open_tensors
 
 OPTIONAL_KEYS = ("embed_tokens.weight",)
 
@@ -85,7 +85,7 @@ def load_draft(folder: str, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
         if tuple(got.shape) != tuple(want.shape):
             raise Eagle3Error(f"{folder}: tensor {name!r} has shape {tuple(got.shape)}, "
                               f"expected {tuple(want.shape)} from config.json")
-        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+        if not all_finite(got):
             raise Eagle3Error(f"{folder}: tensor {name!r} contains NaN or Inf")
     validate_vocab_mapping(tensors["d2t"], tensors["t2d"], config.vocab_size, folder)
     draft.load_state_dict({k: tensors[k] for k in expected})

@@ -10,6 +10,7 @@ from tqdm import tqdm
 from .errors import Eagle3Error
 from .fsutil import atomic_directory
 from .layers import CONVENTIONS, default_layer_ids, from_ours
+from .weights import all_finite
 
 
 def _target_config(target: str | None):
@@ -53,10 +54,8 @@ def inspect_report(folder: str, target: str | None = None, layers=None) -> dict:
     fmt, draft, target_config = load_source(folder, target, layers)
     problems = draft.problems(target_config)
     for name, t in draft.tensors.items():
-        if t.dtype.is_floating_point:
-            x = t.load()
-            if not bool(torch.isfinite(x).all()):
-                problems.append(f"tensor {name!r} contains NaN or Inf")
+        if t.dtype.is_floating_point and not all_finite(t.load()):
+            problems.append(f"tensor {name!r} contains NaN or Inf")
     c = draft.config
     report = {"folder": folder, "format": fmt, "config": c.to_json_dict(),
               "tensors": {k: [list(t.shape), str(t.dtype).replace("torch.", "")] for k, t in draft.tensors.items()},

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
-from safetensors import SafetensorError, safe_open
-
 from .errors import Eagle3Error
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -67,33 +65,46 @@ def open_tensors(folder: str) -> dict[str, LazyTensor]:
 
 
 def _open_safetensors(path: str) -> dict[str, LazyTensor]:
+    """Parse the header only; each tensor is later read straight from its byte range."""
     try:
-        with open(path, "rb") as raw:
-            header_len = struct.unpack("<Q", raw.read(8))[0]
         size = os.path.getsize(path)
-        with safe_open(path, framework="pt") as f:
-            out = {}
-            for key in f.keys():
-                sl = f.get_slice(key)
-                out[key] = LazyTensor(tuple(sl.get_shape()), SAFETENSORS_DTYPES[sl.get_dtype()],
-                                      _safetensors_loader(path, key))
-        data_bytes = sum(t.nbytes for t in out.values())
+        with open(path, "rb") as f:
+            header_len = struct.unpack("<Q", f.read(8))[0]
+            if header_len > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(f.read(header_len))
     except FileNotFoundError:
         raise Eagle3Error(f"{path}: missing weight file") from None
-    except (SafetensorError, OSError, ValueError, KeyError, struct.error) as e:
+    except (OSError, ValueError, struct.error) as e:
         raise Eagle3Error(f"{path}: corrupt or truncated safetensors file ({e})") from None
-    if size < 8 + header_len + data_bytes:
-        raise Eagle3Error(f"{path}: corrupt or truncated safetensors file (shorter than its header says)")
+    data_start = 8 + header_len
+    out = {}
+    try:
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            t = LazyTensor(tuple(info["shape"]), SAFETENSORS_DTYPES[info["dtype"]],
+                           _range_loader(path, data_start + begin, end - begin, info))
+            if end - begin != t.nbytes or data_start + end > size:
+                raise ValueError(f"tensor {key!r} lies outside the file or has the wrong size")
+            out[key] = t
+    except (KeyError, TypeError, ValueError) as e:
+        raise Eagle3Error(f"{path}: corrupt or truncated safetensors file ({e})") from None
     return out
 
 
-def _safetensors_loader(path: str, key: str):
+def _range_loader(path: str, offset: int, nbytes: int, info: dict):
     def load() -> torch.Tensor:
-        try:
-            with safe_open(path, framework="pt") as f:
-                return f.get_tensor(key)
-        except (SafetensorError, OSError) as e:
-            raise Eagle3Error(f"{path}: cannot read tensor {key!r} ({e})") from None
+        buffer = bytearray(nbytes)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            if f.readinto(buffer) != nbytes:
+                raise Eagle3Error(f"{path}: truncated while reading a tensor")
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        if nbytes == 0:
+            return torch.empty(info["shape"], dtype=dtype)
+        return torch.frombuffer(buffer, dtype=dtype).reshape(info["shape"])
     return load
 
 
@@ -115,6 +126,13 @@ def _open_pickle(path: str) -> dict[str, LazyTensor]:
     if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
         raise Eagle3Error(f"{path}: expected a dict of tensors")
     return {k: LazyTensor(tuple(v.shape), v.dtype, lambda v=v: v) for k, v in tensors.items()}
+
+
+def all_finite(x: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """No NaN or Inf in ``x``, checked in chunks (``torch.isfinite`` on a whole tensor costs ~2x its size)."""
+    if not x.is_floating_point():
+        return True
+    return all(bool(torch.isfinite(part).all()) for part in x.reshape(-1).split(chunk))
 
 
 def write_safetensors(path: str, tensors: dict[str, LazyTensor], metadata: dict | None = None,
