@@ -2,16 +2,17 @@
 
 Every format reads into and writes from one canonical in-memory form, :class:`CanonicalDraft`
 (official EAGLE tensor names, :class:`~eagle3_plugin.draft.DraftConfig`, capture ids in our rule), so
-any format converts to any other. Formats are detected from the folder alone.
+any format converts to any other. Formats are detected from the folder alone; every output also carries
+our ``eagle3.json``, which supplies settings and capture ids to formats that cannot record them.
 """
 
 from __future__ import annotations
 
 from ..errors import Eagle3Error
 from . import eagle, ours, sglang, specforge, speculators, vllm
-from .canonical import CanonicalDraft
+from .canonical import CanonicalDraft, apply_sidecar
 
-FORMATS = {m.NAME: m for m in (ours, speculators, specforge, vllm, eagle)}  # detection order
+FORMATS = {m.NAME: m for m in (speculators, specforge, vllm, eagle)}  # detection order
 WRITERS = {m.NAME: m.write for m in (eagle, specforge, sglang, speculators, vllm, ours)}
 
 
@@ -24,7 +25,7 @@ def detect(folder: str) -> str:
 
 
 def read(folder: str) -> CanonicalDraft:
-    return FORMATS[detect(folder)].read(folder)
+    return apply_sidecar(folder, FORMATS[detect(folder)].read(folder))
 
 
 __all__ = ["CanonicalDraft", "FORMATS", "WRITERS", "detect", "read"]

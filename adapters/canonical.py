@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from ..checkpoint import validate_vocab_mapping
+from ..config import CONFIG_FILENAME, Eagle3Config
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
 from ..layers import LayerIdError, validate_layer_ids
@@ -133,12 +134,55 @@ def has_config(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "config.json"))
 
 
-def save(folder: str, draft: CanonicalDraft, config_json: dict, weights: dict[str, LazyTensor], progress=None) -> None:
-    """``config.json`` and a streamed ``model.safetensors`` (each tensor checked for NaN/Inf on the way)."""
+def save(folder: str, draft: CanonicalDraft, config_json: dict, weights: dict[str, LazyTensor], progress=None,
+         shard_bytes: Optional[int] = None) -> None:
+    """``config.json`` for the engine, a streamed ``model.safetensors`` (each tensor checked for NaN/Inf on
+    the way) and our ``eagle3.json`` beside them (engines ignore it; it keeps settings and capture ids)."""
     from ..weights import write_safetensors
     write_json(os.path.join(folder, "config.json"), config_json)
-    write_safetensors(os.path.join(folder, "model.safetensors"), weights, metadata={"format": "pt"},
-                      on_tensor=draft.check_finite, progress=progress)
+    shards = _shards(weights, shard_bytes)
+    if len(shards) == 1:
+        write_safetensors(os.path.join(folder, "model.safetensors"), weights, metadata={"format": "pt"},
+                          on_tensor=draft.check_finite, progress=progress)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            write_safetensors(os.path.join(folder, name), shard, metadata={"format": "pt"},
+                              on_tensor=draft.check_finite, progress=progress)
+            weight_map.update({k: name for k in shard})
+        write_json(os.path.join(folder, "model.safetensors.index.json"),
+                   {"metadata": {"total_size": sum(t.nbytes for t in weights.values())}, "weight_map": weight_map})
+    settings = {k: v for k, v in draft.speculation.items() if k not in ("draft", "layer_ids")}
+    write_json(os.path.join(folder, CONFIG_FILENAME), Eagle3Config(**settings, layer_ids=draft.layer_ids).to_dict())
+
+
+def _shards(weights: dict[str, LazyTensor], shard_bytes: Optional[int]) -> list[dict[str, LazyTensor]]:
+    """Consecutive groups of at most ``shard_bytes`` (a larger tensor gets a shard of its own)."""
+    shards: list[dict[str, LazyTensor]] = [{}]
+    size = 0
+    for name, t in weights.items():
+        if shard_bytes and shards[-1] and size + t.nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    return shards
+
+
+def apply_sidecar(folder: str, draft: CanonicalDraft) -> CanonicalDraft:
+    """Take speculation settings (and capture ids the format lacks) from ``eagle3.json`` when present."""
+    path = os.path.join(folder, CONFIG_FILENAME)
+    if not os.path.isfile(path):
+        return draft
+    settings = Eagle3Config.from_dict(read_json(path), source=path)
+    if settings.layer_ids is not None:
+        if draft.layer_ids is not None and tuple(draft.layer_ids) != settings.layer_ids:
+            raise Eagle3Error(f"{path}: layer_ids {list(settings.layer_ids)} disagree with config.json's "
+                              f"capture ids {list(draft.layer_ids)} (in our numbering)")
+        draft.layer_ids = settings.layer_ids
+    draft.speculation = {k: v for k, v in settings.to_dict().items() if k not in ("draft", "layer_ids")}
+    return draft
 
 
 def require_layer_ids(draft: CanonicalDraft, fmt: str) -> tuple:

@@ -24,6 +24,6 @@ def read(folder: str) -> CanonicalDraft:
     return CanonicalDraft(config, tensors, None, embed)
 
 
-def write(draft: CanonicalDraft, folder: str, progress=None) -> None:
+def write(draft: CanonicalDraft, folder: str, progress=None, shard_bytes=None) -> None:
     config = draft.config.to_json_dict() | {"architectures": ["LlamaForCausalLM"]}
-    save(folder, draft, config, draft.weights(with_embed=True), progress)
+    save(folder, draft, config, draft.weights(with_embed=True), progress, shard_bytes)

@@ -25,8 +25,8 @@ def read(folder: str) -> CanonicalDraft:
     return CanonicalDraft(config, tensors, to_ours(ids, "sglang") if ids else None, embed)
 
 
-def write(draft: CanonicalDraft, folder: str, progress=None) -> None:
+def write(draft: CanonicalDraft, folder: str, progress=None, shard_bytes=None) -> None:
     ids = list(from_ours(require_layer_ids(draft, NAME), "sglang"))
     config = draft.config.to_json_dict() | {"architectures": ["LlamaForCausalLMEagle3"],
                                              "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
-    save(folder, draft, config, draft.weights(), progress)
+    save(folder, draft, config, draft.weights(), progress, shard_bytes)

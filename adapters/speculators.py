@@ -28,7 +28,7 @@ def read(folder: str) -> CanonicalDraft:
     return CanonicalDraft(config, tensors, tuple(ids) if ids else None, embed)
 
 
-def write(draft: CanonicalDraft, folder: str, progress=None) -> None:
+def write(draft: CanonicalDraft, folder: str, progress=None, shard_bytes=None) -> None:
     c: DraftConfig = draft.config
     layer = c.to_json_dict()
     for key in ("draft_vocab_size", "target_hidden_size", "architectures"):
@@ -44,4 +44,5 @@ def write(draft: CanonicalDraft, folder: str, progress=None) -> None:
                                "verifier": {"name_or_path": None, "architectures": []}},
         "speculators_version": VERSION,
     }
-    save(folder, draft, config, draft.weights(rename=lambda k: k.replace("midlayer.", "layers.0.", 1)), progress)
+    weights = draft.weights(rename=lambda k: k.replace("midlayer.", "layers.0.", 1))
+    save(folder, draft, config, weights, progress, shard_bytes)

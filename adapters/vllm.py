@@ -23,8 +23,8 @@ def read(folder: str) -> CanonicalDraft:
     return CanonicalDraft(config, tensors, tuple(data["eagle_aux_hidden_state_layer_ids"]), embed)
 
 
-def write(draft: CanonicalDraft, folder: str, progress=None) -> None:
+def write(draft: CanonicalDraft, folder: str, progress=None, shard_bytes=None) -> None:
     config = draft.config.to_json_dict() | {"architectures": ["LlamaForCausalLMEagle3"],
                                              "eagle_aux_hidden_state_layer_ids": list(require_layer_ids(draft, NAME))}
     full = draft.config.draft_vocab_size == draft.config.vocab_size
-    save(folder, draft, config, draft.weights(drop=("d2t", "t2d") if full else ()), progress)
+    save(folder, draft, config, draft.weights(drop=("d2t", "t2d") if full else ()), progress, shard_bytes)

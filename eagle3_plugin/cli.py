@@ -98,12 +98,14 @@ def _add_convert(sub) -> None:
     p.add_argument("--target", help="validate against this target (and take its default capture ids if needed)")
     p.add_argument("--layers", type=_int_triple, help="capture ids low,mid,high in our rule (input of layer i)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
+    p.add_argument("--shard-size", type=float, metavar="MB", help="write shards of at most MB megabytes + an index")
     p.set_defaults(run=_run_convert)
 
 
 def _run_convert(a) -> int:
     from .convert import convert
-    fmt = convert(a.src, a.to, a.out, target=a.target, layers=a.layers, force=a.force)
+    shard_bytes = int(a.shard_size * 1e6) if a.shard_size else None
+    fmt = convert(a.src, a.to, a.out, target=a.target, layers=a.layers, force=a.force, shard_bytes=shard_bytes)
     print(f"converted {a.src} ({fmt}) -> {a.out} ({a.to})")
     return 0
 

@@ -35,7 +35,8 @@ def load_source(src: str, target: str | None = None, layers=None):
     return fmt, draft, target_config
 
 
-def convert(src: str, to: str, out: str, target: str | None = None, layers=None, force: bool = False) -> str:
+def convert(src: str, to: str, out: str, target: str | None = None, layers=None, force: bool = False,
+            shard_bytes: int | None = None) -> str:
     from .adapters import WRITERS
     if to not in WRITERS:
         raise Eagle3Error(f"unknown output format {to!r}; choose one of {', '.join(WRITERS)}")
@@ -46,7 +47,7 @@ def convert(src: str, to: str, out: str, target: str | None = None, layers=None,
     total = sum(t.nbytes for t in draft.tensors.values())
     with atomic_directory(out, force=force) as tmp, tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,
                                                         desc=f"{fmt} -> {to}") as bar:
-        WRITERS[to](draft, tmp, progress=bar.update)
+        WRITERS[to](draft, tmp, progress=bar.update, shard_bytes=shard_bytes)
     return fmt
 
 

@@ -14,15 +14,10 @@ from bundled import DRAFT, TARGET
 from eagle3_plugin.adapters import FORMATS, WRITERS, detect
 from eagle3_plugin.cli import main
 from eagle3_plugin.checkpoint import read_draft_config, read_tensors
-
-LAYERS = "1,3,5"
-
+from eagle3_plugin.config import Eagle3Config
 
 def convert(src, to, out, *extra):
-    args = ["convert", str(src), "--to", to, "--out", str(out), *extra]
-    if detect(str(src)) == "eagle":  # EAGLE's format does not record capture ids
-        args += ["--layers", LAYERS]
-    return main(args)
+    return main(["convert", str(src), "--to", to, "--out", str(out), *extra])
 
 
 def canonical_tensors(folder):
@@ -51,19 +46,21 @@ def test_round_trip_between_every_pair_is_bit_exact(tmp_path, reference, first, 
 
 
 def test_detection_and_layer_ids_in_each_convention(tmp_path):
-    for fmt in ("eagle", "specforge", "speculators", "vllm", "ours"):
+    for fmt in ("eagle", "specforge", "speculators", "vllm", "ours", "sglang"):
         convert(DRAFT, fmt, tmp_path / fmt)
-        assert detect(str(tmp_path / fmt)) == fmt
+        assert detect(str(tmp_path / fmt)) == {"ours": "vllm", "sglang": "specforge"}.get(fmt, fmt)
+        assert Eagle3Config.load(str(tmp_path / fmt)).layer_ids == (1, 3, 5)  # eagle3.json beside every output
     assert json.loads((tmp_path / "specforge" / "config.json").read_text())["eagle_config"] == {
         "eagle_aux_hidden_state_layer_ids": [0, 2, 4]}  # SGLang's convention: ours - 1
     assert json.loads((tmp_path / "speculators" / "config.json").read_text())[
         "eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
     assert any(k.startswith("layers.0.") for k in load_file(str(tmp_path / "speculators" / "model.safetensors")))
-    assert set(FORMATS) == {"ours", "speculators", "specforge", "vllm", "eagle"}
+    assert set(FORMATS) == {"speculators", "specforge", "vllm", "eagle"}
 
 
 def test_eagle_source_needs_layer_ids_or_a_target(tmp_path, capsys):
     assert main(["convert", DRAFT, "--to", "eagle", "--out", str(tmp_path / "e")]) == 0
+    os.remove(tmp_path / "e" / "eagle3.json")  # as released by EAGLE: no capture ids anywhere
     assert main(["convert", str(tmp_path / "e"), "--to", "vllm", "--out", str(tmp_path / "v")]) == 2
     assert "pass --target" in capsys.readouterr().err and not (tmp_path / "v").exists()
     assert main(["convert", str(tmp_path / "e"), "--to", "vllm", "--out", str(tmp_path / "v"), "--target", TARGET]) == 0
@@ -91,6 +88,15 @@ def test_sharded_and_bin_sources(tmp_path, reference):
     for folder in ("from-shards", "from-bin"):
         got, _, _ = canonical_tensors(tmp_path / folder)
         assert all(torch.equal(got[k], v) for k, v in reference[0].items())
+
+
+def test_sharded_output_round_trips(tmp_path, reference):
+    assert convert(DRAFT, "speculators", tmp_path / "sharded", "--shard-size", "0.5") == 0
+    files = sorted(os.listdir(tmp_path / "sharded"))
+    assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 2
+    assert convert(tmp_path / "sharded", "ours", tmp_path / "back") == 0
+    got, config, ids = canonical_tensors(tmp_path / "back")
+    assert ids == (1, 3, 5) and all(torch.equal(got[k], v) for k, v in reference[0].items())
 
 
 # -- bad inputs: one message, exit 2, nothing written ------------------------------------------------
@@ -185,7 +191,7 @@ def test_existing_output_refused_unless_force(tmp_path, capsys, src):
     assert main(["convert", str(src), "--to", "ours", "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err and (out / "keep.txt").exists()
     assert main(["convert", str(src), "--to", "ours", "--out", str(out), "--force"]) == 0
-    assert not (out / "keep.txt").exists() and detect(str(out)) == "ours"
+    assert not (out / "keep.txt").exists() and detect(str(out)) == "vllm"
 
 
 def test_disk_full_leaves_nothing(tmp_path, capsys, src, monkeypatch):
