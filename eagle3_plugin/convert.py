@@ -45,9 +45,12 @@ def convert(src: str, to: str, out: str, target: str | None = None, layers=None,
     if problems:
         raise Eagle3Error(f"{src} ({fmt} format): " + "; ".join(problems))
     total = sum(t.nbytes for t in draft.tensors.values())
-    with atomic_directory(out, force=force) as tmp, tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,
-                                                        desc=f"{fmt} -> {to}") as bar:
-        WRITERS[to](draft, tmp, progress=bar.update, shard_bytes=shard_bytes)
+    try:
+        with atomic_directory(out, force=force) as tmp, tqdm(total=total, unit="B", unit_scale=True,
+                                                            file=sys.stderr, desc=f"{fmt} -> {to}") as bar:
+            WRITERS[to](draft, tmp, progress=bar.update, shard_bytes=shard_bytes)
+    except OSError as e:
+        raise Eagle3Error(f"{out}: writing failed ({e}); nothing was written") from None
     return fmt
 
 
