@@ -12,7 +12,7 @@ import os
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 from .errors import Eagle3Error

@@ -1,7 +1,6 @@
 """The bundled target + draft: greedy identity with transformers on held-out prompts, and the
 acceptance properties the core promises (tree beats chain, real-probability beats q one-hot)."""
 
-import json
 
 import pytest
 import torch

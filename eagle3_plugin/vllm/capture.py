@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 from torch import nn
 
 from ..capture import FusedCapture, decoder_layers
