@@ -13,6 +13,7 @@ from ..checkpoint import validate_vocab_mapping
 from ..config import CONFIG_FILENAME, Eagle3Config
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
+from ..fsutil import read_json_object
 from ..layers import LayerIdError, validate_layer_ids
 from ..weights import LazyTensor, all_finite, open_tensors
 
@@ -89,31 +90,13 @@ class CanonicalDraft:
 
 
 def read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing") from None
-    except json.JSONDecodeError as e:
-        raise Eagle3Error(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise Eagle3Error(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(path)
 
 
 def write_json(path: str, data: dict) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
-
-
-def draft_config(data: dict, where: str) -> DraftConfig:
-    try:
-        return DraftConfig.from_json_dict(data)
-    except KeyError as e:
-        raise Eagle3Error(f"{where}: missing field(s) {e.args[0]}") from None
-    except TypeError as e:
-        raise Eagle3Error(f"{where}: bad draft config ({e})") from None
 
 
 def split_tensors(folder: str, config: DraftConfig, rename=lambda name: name):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from .canonical import CanonicalDraft, draft_config, has_config, read_json, save, split_tensors
+from ..checkpoint import parse_draft_config
+from .canonical import CanonicalDraft, has_config, read_json, save, split_tensors
 
 NAME = "eagle"
 
@@ -19,7 +20,7 @@ def detect(folder: str) -> bool:
 
 def read(folder: str) -> CanonicalDraft:
     where = os.path.join(folder, "config.json")
-    config = draft_config(read_json(where), where)
+    config = parse_draft_config(read_json(where), where)
     tensors, embed = split_tensors(folder, config)
     return CanonicalDraft(config, tensors, None, embed)
 

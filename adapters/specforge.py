@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 
+from ..checkpoint import parse_draft_config
 from ..layers import from_ours, to_ours
-from .canonical import CanonicalDraft, draft_config, has_config, read_json, require_layer_ids, save, split_tensors
+from .canonical import CanonicalDraft, has_config, read_json, require_layer_ids, save, split_tensors
 
 NAME = "specforge"
 
@@ -19,7 +20,7 @@ def detect(folder: str) -> bool:
 def read(folder: str) -> CanonicalDraft:
     where = os.path.join(folder, "config.json")
     data = read_json(where)
-    config = draft_config(data, where)
+    config = parse_draft_config(data, where)
     tensors, embed = split_tensors(folder, config)
     ids = data["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
     return CanonicalDraft(config, tensors, to_ours(ids, "sglang") if ids else None, embed)

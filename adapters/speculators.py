@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 
+from ..checkpoint import parse_draft_config
 from ..draft import DraftConfig
-from .canonical import CanonicalDraft, draft_config, has_config, read_json, require_layer_ids, save, split_tensors
+from .canonical import CanonicalDraft, has_config, read_json, require_layer_ids, save, split_tensors
 
 NAME = "speculators"
 VERSION = "0.3.0"
@@ -22,7 +23,7 @@ def read(folder: str) -> CanonicalDraft:
     data = read_json(where)
     layer = dict(data.get("transformer_layer_config") or {})
     layer.update(draft_vocab_size=data.get("draft_vocab_size"), target_hidden_size=data.get("target_hidden_size"))
-    config = draft_config(layer, where)
+    config = parse_draft_config(layer, where)
     tensors, embed = split_tensors(folder, config, rename=lambda k: k.replace("layers.0.", "midlayer.", 1))
     ids = data.get("eagle_aux_hidden_state_layer_ids")
     return CanonicalDraft(config, tensors, tuple(ids) if ids else None, embed)

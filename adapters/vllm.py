@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from .canonical import CanonicalDraft, draft_config, has_config, read_json, require_layer_ids, save, split_tensors
+from ..checkpoint import parse_draft_config
+from .canonical import CanonicalDraft, has_config, read_json, require_layer_ids, save, split_tensors
 
 NAME = "vllm"
 
@@ -18,7 +19,7 @@ def detect(folder: str) -> bool:
 def read(folder: str) -> CanonicalDraft:
     where = os.path.join(folder, "config.json")
     data = read_json(where)
-    config = draft_config(data, where)
+    config = parse_draft_config(data, where)
     tensors, embed = split_tensors(folder, config)
     return CanonicalDraft(config, tensors, tuple(data["eagle_aux_hidden_state_layer_ids"]), embed)
 

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from .config import CONFIG_FILENAME, Eagle3Config
 from .draft import DraftConfig, Eagle3Draft
 from .errors import Eagle3Error
-from .fsutil import atomic_directory
+from .fsutil import atomic_directory, read_json_object
 from .layers import LayerIdError, validate_layer_ids
 from .weights import all_finite, open_tensors
 
@@ -30,17 +30,16 @@ def read_tensors(folder: str) -> dict[str, torch.Tensor]:
 
 def read_draft_config(folder: str) -> DraftConfig:
     path = os.path.join(folder, "config.json")
+    return parse_draft_config(read_json_object(path, "draft config"), path)
+
+
+def parse_draft_config(data: dict, where: str) -> DraftConfig:
     try:
-        with open(path) as f:
-            return DraftConfig.from_json_dict(json.load(f))
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: missing draft config") from None
-    except json.JSONDecodeError as e:
-        raise Eagle3Error(f"{path}: not valid JSON ({e})") from None
+        return DraftConfig.from_json_dict(data)
     except KeyError as e:
-        raise Eagle3Error(f"{path}: missing field(s) {e.args[0]}") from None
+        raise Eagle3Error(f"{where}: missing field(s) {e.args[0]}") from None
     except TypeError as e:
-        raise Eagle3Error(f"{path}: bad draft config ({e})") from None
+        raise Eagle3Error(f"{where}: bad draft config ({e})") from None
 
 
 def validate_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int, where: str) -> None:

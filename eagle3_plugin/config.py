@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from .errors import Eagle3Error
+from .fsutil import read_json_object
 
 MODES = ("chain", "tree")
 TREE_SAMPLERS = ("real", "one_hot")
@@ -91,14 +92,7 @@ class Eagle3Config:
         """Read ``path`` (a file, or a folder holding ``eagle3.json``); ``draft`` becomes absolute."""
         if os.path.isdir(path):
             path = os.path.join(path, CONFIG_FILENAME)
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise Eagle3Error(f"{path}: no such config file") from None
-        except json.JSONDecodeError as e:
-            raise Eagle3Error(f"{path}: not valid JSON ({e})") from None
-        config = cls.from_dict(data, source=path)
+        config = cls.from_dict(read_json_object(path, "config file"), source=path)
         draft = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), config.draft))
         return dataclasses.replace(config, draft=draft)
 

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 
 from .errors import Eagle3Error
+
+
+def read_json_object(path: str, what: str = "file") -> dict:
+    """The JSON object in ``path``; a missing file, bad JSON or a non-object is one :class:`Eagle3Error`."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise Eagle3Error(f"{path}: no such {what}") from None
+    except json.JSONDecodeError as e:
+        raise Eagle3Error(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise Eagle3Error(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 @contextlib.contextmanager

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 from ..errors import Eagle3Error
+from ..fsutil import read_json_object
 
 SAME_SETUP = ("engine", "mode", "temperature", "num_prompts")
 SAME_SETTINGS = ("depth", "top_k", "total_tokens", "tree_sampler", "max_new_tokens")
 
 
 def load_report(path: str) -> dict:
-    try:
-        with open(path) as f:
-            report = json.load(f)
-    except FileNotFoundError:
-        raise Eagle3Error(f"{path}: no such report") from None
-    except json.JSONDecodeError as e:
-        raise Eagle3Error(f"{path}: not valid JSON ({e})") from None
+    report = read_json_object(path, "report")
     for key in ("mean_acceptance_length", "acceptance_per_position", "greedy_match", "settings") + SAME_SETUP:
         if key not in report:
             raise Eagle3Error(f"{path}: not a bench report (missing {key!r})")
