@@ -6,7 +6,7 @@ The golden model the engine integrations are checked against. One round, per bat
     one target forward over [root, tree nodes] with tree mask    transformers model, 4D additive mask
     verification                                                 sampler.verify_tree
     KV compaction of the accepted path (target and draft)        kv.compaction_index
-    draft catch-up on the accepted tokens with real features     FusedCapture
+    draft catch-up on the accepted tokens with real features     FusedCapture + drafting.TreeDrafter
 
 Rows are ragged: every cache carries a validity mask and positions are counted per row.
 """
@@ -24,10 +24,10 @@ from .capture import FusedCapture
 from .checkpoint import load_draft, validate_against_target
 from .config import Eagle3Config
 from .draft import Eagle3Draft
-from .kv import DraftKVCache, additive_mask, compaction_index, gather_slots
+from .drafting import TreeDrafter
+from .kv import additive_mask, compaction_index, gather_slots
 from .layers import default_layer_ids
-from .sampler import SamplingParams, target_probs, verify_tree
-from .tree import build_tree
+from .sampler import SamplingParams, sample_tokens, verify_tree
 
 
 @dataclass
@@ -91,14 +91,23 @@ class SpeculativeGenerator:
     def __init__(self, target, draft: Eagle3Draft, config: Eagle3Config, layer_ids=None):
         self.target = target.eval()
         self.draft = draft.eval()
-        self.config = config
         ids = layer_ids or config.layer_ids or default_layer_ids(target.config.num_hidden_layers)
         self.layer_ids = validate_against_target(draft, target.config, ids, where="draft")
         draft.attach_embedding(target.get_input_embeddings())
+        self.drafter = TreeDrafter(draft, config)
         self.capture = FusedCapture(target, self.layer_ids)
         self.device = next(target.parameters()).device
         # transformers 5.x renamed `past_key_values` to `cache`; take whichever this version has.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
+
+    @property
+    def config(self) -> Eagle3Config:
+        return self.drafter.config
+
+    @config.setter
+    def config(self, config: Eagle3Config) -> None:
+        """Switch speculation settings (chain / tree shape, sampler) without reloading anything."""
+        self.drafter.config = config
 
     @classmethod
     def from_pretrained(cls, target_dir: str, config: Eagle3Config, dtype=torch.float32) -> "SpeculativeGenerator":
@@ -146,7 +155,7 @@ class SpeculativeGenerator:
         out = _Emitter(len(prompts), max_new_tokens, eos_token_id)
         forwards = 1
         while True:
-            token = _sample(last_logits, params, generator)
+            token = sample_tokens(last_logits, params, generator)
             out.emit([[t] for t in token.tolist()])
             if out.all_done:
                 break
@@ -167,21 +176,20 @@ class SpeculativeGenerator:
         rows = torch.arange(b, device=self.device)
         start = time.perf_counter()
         kv, ids, valid, positions, allowed, last_logits, features = self._prefill(prompts)
-        root = _sample(last_logits, params, generator)
+        root = sample_tokens(last_logits, params, generator)
         out = _Emitter(b, max_new_tokens, eos_token_id)
         out.emit([[t] for t in root.tolist()])
         stats = AcceptanceStats(cfg.depth)
         forwards = 1
 
         # Draft prefill: feature of position i with the token at i + 1.
-        draft_kv = DraftKVCache(b, self.draft.config.num_key_value_heads, self.draft.config.head_dim,
-                                features.dtype, self.device)
+        draft_kv = self.drafter.new_cache(b, features.dtype, self.device)
         draft_ids = torch.cat([ids[:, 1:], root[:, None]], dim=1)
-        root_hidden = self._draft_append(draft_kv, draft_ids, self.draft.fuse(features), positions, allowed, valid,
+        root_hidden = self.drafter.append(draft_kv, draft_ids, features, positions, allowed, valid,
                                          last=torch.full((b,), ids.shape[1] - 1, device=self.device))
         while not out.all_done:
             lengths = kv.valid.sum(1)  # = the root's position
-            tree = self._draft_tree(draft_kv, root, root_hidden, lengths - 1, params, generator)
+            tree = self.drafter.tree(draft_kv, root, root_hidden, lengths - 1, params, generator)
             logits, node_features = self._target_forward(
                 kv, tree.tokens, lengths[:, None] + tree.depths, tree.ancestor_mask(),
                 torch.ones_like(tree.tokens, dtype=torch.bool))
@@ -203,67 +211,11 @@ class SpeculativeGenerator:
             catch_features = node_features[rows[:, None], path_c]
             catch_pos = lengths[:, None] + torch.arange(path.shape[1], device=self.device)
             causal = torch.ones(path.shape[1], path.shape[1], dtype=torch.bool, device=self.device).tril()
-            root_hidden = self._draft_append(draft_kv, next_tokens, self.draft.fuse(catch_features), catch_pos,
+            root_hidden = self.drafter.append(draft_kv, next_tokens, catch_features, catch_pos,
                                              causal[None] & step_valid[:, None, :], step_valid, last=n_acc)
             draft_kv.keep(draft_kv.valid)
             root = verdict.bonus
         return Generation(out.tokens, stats, time.perf_counter() - start, forwards)
-
-    # -- draft -------------------------------------------------------------------------------------
-
-    def _draft_append(self, draft_kv, input_ids, hidden, positions, allowed_new, new_valid, last):
-        """Run the draft over new tokens, append them to its cache; return each row's hidden at ``last``."""
-        b, q = input_ids.shape
-        allowed = torch.cat([draft_kv.valid[:, None, :].expand(b, q, -1), allowed_new], dim=2)
-        out, k, v = self.draft(input_ids, hidden, positions, draft_kv.keys, draft_kv.values, allowed)
-        draft_kv.append(k, v, new_valid)
-        return out[torch.arange(b, device=out.device), last]
-
-    def _draft_tree(self, draft_kv, root, root_hidden, root_position, params, generator):
-        """Build the tree; the frontier's KV lives in the draft cache only while the tree grows."""
-        cfg = self.config
-        prefix_len = draft_kv.length
-        expand = _FrontierExpander(self.draft, draft_kv, root_hidden, root_position)
-        tree = build_tree(root, self.draft.logits(root_hidden), expand, cfg.depth, cfg.top_k, cfg.total_tokens,
-                          params.temperature, cfg.tree_sampler == "real", self.draft.hot_token_ids, generator)
-        draft_kv.truncate(prefix_len)
-        return tree
-
-
-class _FrontierExpander:
-    """The ``expand`` callback of :func:`build_tree` for the real draft.
-
-    Level L's frontier runs at draft position ``root_position + L``, each node fed its parent's output
-    and attending to the valid prefix, its ancestors in earlier frontiers and itself.
-    """
-
-    def __init__(self, draft: Eagle3Draft, draft_kv: DraftKVCache, root_hidden, root_position):
-        self.draft, self.kv, self.root_position = draft, draft_kv, root_position
-        self.prefix_valid = draft_kv.valid.clone()
-        self.hidden = root_hidden[:, None]  # outputs of the previous frontier (the root's at first)
-        self.ancestors = None  # [B, k, tree slots so far]: ancestor-or-self among earlier frontiers
-
-    def __call__(self, level: int, tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
-        b, k = tokens.shape
-        h = self.hidden.shape[-1]
-        parent_hidden = torch.gather(self.hidden, 1, parent_slot[..., None].expand(-1, -1, h))
-        if self.ancestors is None:
-            ancestors = torch.zeros(b, k, 0, dtype=torch.bool, device=tokens.device)
-        else:
-            ancestors = torch.gather(self.ancestors, 1, parent_slot[..., None].expand(-1, -1, self.ancestors.shape[2]))
-        eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
-        allowed = torch.cat([self.prefix_valid[:, None, :].expand(b, k, -1), ancestors, eye], dim=2)
-        self.hidden, new_k, new_v = self.draft(tokens, parent_hidden, self.root_position[:, None] + level,
-                                               self.kv.keys, self.kv.values, allowed)
-        self.kv.append(new_k, new_v, torch.ones(b, k, dtype=torch.bool, device=tokens.device))
-        self.ancestors = torch.cat([ancestors, eye], dim=2)
-        return self.draft.logits(self.hidden)
-
-
-def _sample(logits: torch.Tensor, params: SamplingParams, generator) -> torch.Tensor:
-    probs = target_probs(logits, params)
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return torch.where(params.greedy, probs.argmax(-1), sampled)
 
 
 class _Emitter:

@@ -88,6 +88,13 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.where(params.greedy.view(shape), one_hot, probs)
 
 
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator=None) -> torch.Tensor:
+    """One token per row of ``logits [B, V]``, from the target distribution (argmax for greedy rows)."""
+    probs = target_probs(logits, params)
+    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return torch.where(params.greedy, probs.argmax(-1), sampled)
+
+
 def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, method: Method = "real",
                 generator: Optional[torch.Generator] = None) -> Verdict:
     """Accept a root-to-node path of ``tree`` and draw the bonus token (see the module docstring).

@@ -44,6 +44,12 @@ class DraftTree:
     def size(self) -> int:
         return self.tokens.shape[1]
 
+    def prefix(self, n: int) -> "DraftTree":
+        """The first ``n`` nodes: still a tree, since parents precede children (an engine may verify fewer
+        nodes than were proposed, e.g. near a length limit)."""
+        probs = None if self.draft_probs is None else self.draft_probs[:, :n]
+        return DraftTree(self.tokens[:, :n], self.parents[:, :n], self.depths[:, :n], probs, self.hot_ids)
+
     def ancestor_mask(self) -> torch.Tensor:
         """``[B, N, N]`` bool: node j is node i or one of its ancestors (the tree attention mask)."""
         b, n = self.parents.shape

@@ -21,6 +21,27 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs", ()),
     ("vllm.model_executor.models.interfaces", "supports_eagle3", ("model",)),
     ("vllm.model_executor.models.interfaces", "SupportsEagle3.set_aux_hidden_state_layers", ("layers",)),
+    # our config -> vLLM's, in additional_config
+    ("vllm.engine.arg_utils", "EngineArgs.create_engine_config", ()),
+    ("vllm.engine.arg_utils", "EngineArgs", ("speculative_config", "additional_config", "enable_prefix_caching")),
+    ("vllm.config.vllm", "VllmConfig", ("additional_config",)),
+    # tree attention on the CPU backend
+    ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl.forward",
+     ("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output")),
+    ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadata", ("query_start_loc", "seq_lens", "block_table")),
+    # the tree worker's runner hooks
+    ("vllm.v1.worker.cpu_worker", "CPUModelRunner", None),
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner.load_model", ()),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states", ("scheduler_output",)),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._prepare_inputs",
+     ("scheduler_output", "num_scheduled_tokens")),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample", ("logits", "spec_decode_metadata")),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._input_fits_in_drafter", ("common_attn_metadata",)),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids",
+     ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states", "sample_hidden_states",
+      "aux_hidden_states")),
+    ("vllm.v1.outputs", "SamplerOutput", ("sampled_token_ids", "logprobs_tensors")),
+    ("vllm.model_executor.layers.attention", "Attention", None),
 )
 
 

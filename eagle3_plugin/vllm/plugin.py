@@ -9,11 +9,15 @@ logger = logging.getLogger(__name__)
 
 def register() -> None:
     """Called by vLLM once per process. Raises :class:`~.compat.UnsupportedVllm` on a version we don't know."""
-    from . import capture, cpu_sampling
     from .compat import check_vllm
 
     version = check_vllm()
+    from . import capture, cpu_sampling, speculative, tree_attention, tree_runner
+
     cpu_sampling.install()
     capture.install()
-    logger.info("eagle3-plugin registered on vLLM %s: CPU speculative-sampling fix, capture for any target",
-                version)
+    speculative.install()
+    tree_attention.install()
+    tree_runner.install()
+    logger.info("eagle3-plugin registered on vLLM %s: tree worker, CPU speculative-sampling fix, capture for "
+                "any target", version)

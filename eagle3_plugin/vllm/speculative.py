@@ -1,4 +1,10 @@
-"""Our ``eagle3.json`` as vLLM's ``speculative_config`` (for ``LLM(...)`` and the server launcher)."""
+"""Our ``eagle3.json`` in vLLM: ``speculative_config`` for ``LLM(...)``, the launcher, and the engine-args hook.
+
+vLLM keeps its own speculative-config schema; our settings travel in ``additional_config["eagle3"]``, the
+field vLLM reserves for plugins, which reaches every worker. With the plugin loaded, ``LLM(...,
+speculative_config=<our dict>)`` works directly: :func:`install` translates it when vLLM builds its
+config. vLLM's own dict (with ``method``) passes through untouched and runs vLLM's native EAGLE-3 chain.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,15 @@ from ..config import Eagle3Config
 from ..errors import Eagle3Error
 
 OUR_KEYS = {"mode", "depth", "top_k", "total_tokens", "tree_sampler", "layer_ids", "draft"}
+ADDITIONAL_CONFIG_KEY = "eagle3"
 
 
 def speculative_config(value) -> dict:
     """``value``: a path to ``eagle3.json`` (or its folder), our config as a dict / JSON string, or vLLM's
-    own speculative-config dict / JSON (passed through unchanged)."""
+    own speculative-config dict / JSON. Returns vLLM's dict unchanged, or our config, checked, as a dict
+    with an absolute draft path."""
     if isinstance(value, str) and os.path.exists(value):
-        return to_vllm(Eagle3Config.load(value))
+        return _checked(Eagle3Config.load(value)).to_dict()
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -23,22 +31,49 @@ def speculative_config(value) -> dict:
             raise Eagle3Error(f"--speculative-config: {value!r} is neither a file nor JSON") from None
     if not isinstance(value, dict):
         raise Eagle3Error("--speculative-config must be a path to eagle3.json or a JSON object")
-    if "method" in value or not (set(value) & OUR_KEYS):
+    if not is_ours(value):
         return value
     config = Eagle3Config.from_dict(value, source="--speculative-config")
-    return to_vllm(config)
+    return _checked(config).to_dict() | {"draft": os.path.abspath(config.draft)}
 
 
-def to_vllm(config: Eagle3Config) -> dict:
-    """vLLM drafts chains with its own EAGLE-3 proposer; our tree worker for vLLM does not exist yet."""
-    if config.mode != "chain":
-        raise Eagle3Error("mode 'tree' is not available in vLLM yet (only the reference generator drafts trees); "
-                          "set \"mode\": \"chain\" for vLLM")
-    _check_layer_ids(config)
-    return {"method": "eagle3", "model": config.draft, "num_speculative_tokens": config.depth}
+def is_ours(value: dict) -> bool:
+    return "method" not in value and bool(set(value) & OUR_KEYS)
 
 
-def _check_layer_ids(config: Eagle3Config) -> None:
+def engine_settings(ours: dict) -> tuple[dict, dict]:
+    """Our config dict -> (vLLM's speculative_config, ``additional_config`` entries). vLLM drafts nothing
+    itself: it loads the draft to run its start-up checks and reserves ``total_tokens - 1`` draft slots per
+    request, which our tree worker fills."""
+    config = _checked(Eagle3Config.from_dict(ours, source="speculative_config"))
+    vllm = {"method": "eagle3", "model": os.path.abspath(config.draft),
+            "num_speculative_tokens": config.total_tokens - 1}
+    return vllm, {ADDITIONAL_CONFIG_KEY: config.to_dict() | {"draft": vllm["model"]}}
+
+
+def install() -> None:
+    """Translate our config when vLLM builds its engine config (in the process that parses arguments)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if getattr(original, "_eagle3_wrapped", False):
+        return
+
+    def create_engine_config(self, *args, **kwargs):
+        if isinstance(self.speculative_config, dict) and is_ours(self.speculative_config):
+            if self.enable_prefix_caching:
+                raise Eagle3Error("eagle3-plugin's tree worker keeps its own draft cache per request and cannot "
+                                  "use prefix caching: drop --enable-prefix-caching")
+            self.enable_prefix_caching = False
+            self.speculative_config, extra = engine_settings(self.speculative_config)
+            self.additional_config = {**(self.additional_config or {}), **extra}
+        return original(self, *args, **kwargs)
+
+    create_engine_config._eagle3_wrapped = True
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def _checked(config: Eagle3Config) -> Eagle3Config:
     """vLLM reads capture ids from the draft's config.json: they must agree with eagle3.json's."""
     path = os.path.join(config.draft, "config.json")
     try:
@@ -49,3 +84,4 @@ def _check_layer_ids(config: Eagle3Config) -> None:
     if config.layer_ids is not None and (in_draft is None or tuple(in_draft) != tuple(config.layer_ids)):
         raise Eagle3Error(f"{path}: eagle_aux_hidden_state_layer_ids {in_draft} differs from eagle3.json's "
                           f"layer_ids {list(config.layer_ids)} (vLLM reads config.json)")
+    return config

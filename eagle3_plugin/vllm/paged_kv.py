@@ -1,0 +1,60 @@
+"""Plain-torch access to vLLM's paged KV cache as CPU_ATTN lays it out for the ``vec`` ISA.
+
+One layer's cache is ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``. Each (block, head) holds
+its keys *element-major*, ``[head_size, block_size]``, then its values token-major, ``[block_size,
+head_size]`` (read back from ``cpu_attn_reshape_and_cache``; tests/vllm/test_vllm_paged_kv.py checks it
+against the kernel). Position ``p`` of a request lives in slot ``block_table[p // block_size] *
+block_size + p % block_size``. Other ISAs (AMX for bf16, vec16) pack blocks differently: refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_ISAS = ("vec",)
+
+
+class UnsupportedKVLayout(RuntimeError):
+    pass
+
+
+def check_isa(isa: str) -> None:
+    if isa not in SUPPORTED_ISAS:
+        raise UnsupportedKVLayout(f"eagle3-plugin's tree attention reads the CPU_ATTN cache in the layout of the "
+                                  f"{', '.join(SUPPORTED_ISAS)} ISA; this layer uses {isa!r}: serve in float32 "
+                                  "with a head size that is a multiple of 32, or use vLLM's native chain")
+
+
+def key_value_caches(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of one layer's cache: keys ``[blocks, heads, head_size, block_size]``, values ``[blocks, heads,
+    block_size, head_size]``."""
+    blocks, heads, block_size, two_d = kv_cache.shape
+    d = two_d // 2
+    flat = kv_cache.view(blocks, heads, 2 * block_size * d)
+    keys = flat[..., :block_size * d].view(blocks, heads, d, block_size)
+    values = flat[..., block_size * d:].view(blocks, heads, block_size, d)
+    return keys, values
+
+
+def slots_of(block_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """Slots of positions ``0 .. length - 1`` of the request whose block-table row is ``block_row``."""
+    positions = torch.arange(length, device=block_row.device)
+    return block_row[positions // block_size].long() * block_size + positions % block_size
+
+
+def gather(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values at ``slots [n]``, each ``[n, heads, head_size]``."""
+    keys, values = key_value_caches(kv_cache)
+    block_size = values.shape[2]
+    blocks, offsets = slots // block_size, slots % block_size
+    return keys[blocks, :, :, offsets], values[blocks, :, offsets]
+
+
+def move_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy keys and values from slots ``src`` to slots ``dst``. Callers move a path's nodes to their depths:
+    every destination precedes its source, and no later source is an earlier destination."""
+    keys, values = key_value_caches(kv_cache)
+    block_size = values.shape[2]
+    sb, so, db, do = src // block_size, src % block_size, dst // block_size, dst % block_size
+    keys[db, :, :, do] = keys[sb, :, :, so]
+    values[db, :, do] = values[sb, :, so]

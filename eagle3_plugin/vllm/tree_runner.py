@@ -1,0 +1,215 @@
+"""vLLM's CPU model runner with our EAGLE-3 tree worker (active when ``additional_config["eagle3"]`` is set).
+
+One engine step, per request in the batch (the scheduler and vLLM's bookkeeping are untouched):
+
+    _prepare_inputs   the request's draft tokens are our last tree, flattened (root first, topological);
+                      positions become root position + depth; the tree masks go to tree attention
+    target forward    CPU_ATTN kernel, then tree rows redone in plain torch (tree_attention)
+    _sample           core verify_tree (greedy, or recursive rejection with the draft's real probabilities)
+                      -> accepted tokens + bonus, as vLLM's rejection sampler would emit them; the accepted
+                      path's KV moves to the slots of positions root + 1, root + 2, ... (paged_kv)
+    propose           core RequestSpeculator: draft catch-up on the accepted path, next tree
+
+vLLM then counts accepted tokens as it does for chains (num_computed_tokens, spec-decode metrics: a tree
+of N nodes is N - 1 draft tokens, per-position acceptance is per depth). Trees the scheduler cut short
+(length limits, token budget) are verified as the prefix it kept, which is still a tree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..checkpoint import load_draft
+from ..config import Eagle3Config
+from ..requests import RequestSpeculator
+from ..sampler import SamplingParams, sample_tokens, verify_tree
+from . import paged_kv, tree_attention
+from .speculative import ADDITIONAL_CONFIG_KEY
+
+try:
+    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+except ImportError:  # pragma: no cover - checked by compat.check_vllm before this module is used
+    raise
+
+
+class UnsupportedRequest(RuntimeError):
+    pass
+
+
+class TreeSpeculationRunner(CPUModelRunner):
+    def __init__(self, vllm_config, device):
+        super().__init__(vllm_config, device)
+        settings = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        self.eagle3 = Eagle3Config.from_dict(settings, source="additional_config.eagle3") if settings else None
+        self._step: dict[int, dict] = {}  # batch row -> this step's tree, base position, query start
+        self._emitted: dict[int, list[int]] = {}
+        self._verdicts: dict[int, object] = {}
+        self._slot_mappings: dict[int, torch.Tensor] = {}
+        if self.eagle3 is not None:
+            if self.speculative_config is None or self.num_spec_tokens != self.eagle3.total_tokens - 1:
+                raise RuntimeError("additional_config.eagle3 needs speculative_config with num_speculative_tokens "
+                                   "= total_tokens - 1 (pass our config as speculative_config instead)")
+            if self.cache_config.enable_prefix_caching or self.use_async_scheduling:
+                raise RuntimeError("eagle3-plugin's tree worker needs prefix caching and async scheduling off")
+
+    # -- model -------------------------------------------------------------------------------------
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        if self.eagle3 is None:
+            return
+        dtype = self.model_config.dtype
+        draft = load_draft(self.eagle3.draft, dtype=dtype).eval()
+        vocab = draft.config.vocab_size
+        with torch.inference_mode():
+            table = self.model.embed_input_ids(torch.arange(vocab, device=self.device)).detach().clone()
+        draft.attach_embedding(nn.Embedding.from_pretrained(table, freeze=True))
+        self.speculator = RequestSpeculator(draft, self.eagle3, dtype, self.device)
+        self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
+        from vllm.model_executor.layers.attention import Attention
+        self._target_layers = [m.layer_name for m in self.model.modules() if isinstance(m, Attention)]
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def _update_states(self, scheduler_output):
+        result = super()._update_states(scheduler_output)
+        if self.eagle3 is not None:
+            for req_id in scheduler_output.finished_req_ids:
+                self.speculator.drop(req_id)
+        return result
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        if self.eagle3 is None:
+            return result
+        batch = self.input_batch
+        starts = self.query_start_loc.np
+        self._step, masks = {}, {}
+        for row, req_id in enumerate(batch.req_ids):
+            base, start = int(batch.num_computed_tokens_cpu[row]), int(starts[row])
+            step = {"base": base, "start": start, "count": int(num_scheduled_tokens[row]), "tree": None}
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:
+                tree = self.speculator.pending_tree(req_id)
+                n = len(drafts) + 1
+                if tree is None or tree.tokens[0, 1:n].tolist() != list(drafts):
+                    raise RuntimeError(f"request {req_id}: the scheduled draft tokens are not our last tree")
+                tree = tree.prefix(n)
+                self.positions[start:start + n] = base + tree.depths[0]
+                masks[row] = tree.ancestor_mask()[0]
+                step["tree"] = tree
+            self._step[row] = step
+        total = int(starts[batch.num_reqs])
+        self._slot_mappings = {g: torch.from_numpy(t.slot_mapping.np[:total].copy())
+                               for g, t in enumerate(batch.block_table.block_tables)}
+        tree_attention.set_current(tree_attention.TreeBatch(masks))
+        return result
+
+    def _sample(self, logits, spec_decode_metadata):
+        if self.eagle3 is None:
+            return super()._sample(logits, spec_decode_metadata)
+        tree_attention.set_current(None)
+        metadata = self.input_batch.sampling_metadata
+        _check_supported(metadata)
+        num_reqs = self.input_batch.num_reqs
+        counts = spec_decode_metadata.num_draft_tokens if spec_decode_metadata else [0] * num_reqs
+        out = torch.full((num_reqs, max(counts) + 1), -1, dtype=torch.int32)
+        self._emitted, self._verdicts = {}, {}
+        first = 0
+        for row in range(num_reqs):
+            n = counts[row] + 1
+            row_logits = logits[first:first + n].float()
+            first += n
+            params = _params(metadata, row, self.device)
+            generator = metadata.generators.get(row, self._generator)
+            tree = self._step[row]["tree"]
+            if tree is None:
+                emitted = sample_tokens(row_logits[-1:], params, generator).tolist()
+            else:
+                verdict = verify_tree(tree, row_logits[None], params, self.eagle3.tree_sampler, generator)
+                self._verdicts[row] = verdict
+                emitted = verdict.output_tokens(tree)[0]
+                self._compact(row, verdict.accepted[0, :int(verdict.num_accepted[0]) + 1])
+            self._emitted[row] = emitted
+            out[row, :len(emitted)] = torch.tensor(emitted, dtype=torch.int32)
+        return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
+
+    def _compact(self, row: int, path: torch.Tensor) -> None:
+        """Move the accepted path's target KV (tree slots ``start + node``) to ``start + depth``."""
+        start = self._step[row]["start"]
+        depths = torch.arange(path.shape[0])
+        moved = path != depths
+        if not bool(moved.any()):
+            return
+        groups = self.kv_cache_config.kv_cache_groups
+        context = self.compilation_config.static_forward_context
+        for g, group in enumerate(groups):
+            slots = self._slot_mappings[g]
+            src, dst = slots[start + path[moved]], slots[start + depths[moved]]
+            for name in group.layer_names:
+                if name in self._target_layers:
+                    paged_kv.move_slots(context[name].kv_cache, src, dst)
+
+    def _input_fits_in_drafter(self, common_attn_metadata) -> bool:
+        if self.eagle3 is None:
+            return super()._input_fits_in_drafter(common_attn_metadata)
+        return common_attn_metadata is not None  # our draft has no length limit; the scheduler trims trees
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                                sample_hidden_states, aux_hidden_states, *args, **kwargs):
+        if self.eagle3 is None:
+            return super().propose_draft_token_ids(scheduler_output, sampled_token_ids, sampling_metadata,
+                                                   hidden_states, sample_hidden_states, aux_hidden_states,
+                                                   *args, **kwargs)
+        features = torch.cat(aux_hidden_states, dim=-1)
+        batch = self.input_batch
+        drafts = []
+        for row, req_id in enumerate(batch.req_ids):
+            step, emitted = self._step[row], self._emitted[row]
+            start, count, base = step["start"], step["count"], step["base"]
+            if step["tree"] is not None:
+                self.speculator.accept(req_id, self._verdicts[row], features[start:start + count])
+            else:
+                prompt_done = not self.discard_request_mask.np[row]
+                after_last = emitted[-1] if prompt_done else int(batch.token_ids_cpu[row, base + count])
+                next_tokens = torch.cat([self.input_ids.cpu[start + 1:start + count].long(),
+                                         torch.tensor([after_last])])
+                self.speculator.extend(req_id, base, next_tokens, features[start:start + count])
+                if not prompt_done:
+                    drafts.append([])
+                    continue
+            params = _params(sampling_metadata, row, self.device)
+            generator = sampling_metadata.generators.get(row, self._generator)
+            tree = self.speculator.propose(req_id, emitted[-1], params, generator)
+            drafts.append(tree.tokens[0, 1:].tolist())
+        return drafts
+
+
+def _params(metadata, row: int, device) -> SamplingParams:
+    temperature = 0.0 if metadata.temperature is None else float(metadata.temperature[row])
+    top_k = 0 if metadata.top_k is None else int(metadata.top_k[row])
+    top_p = 1.0 if metadata.top_p is None else float(metadata.top_p[row])
+    return SamplingParams.uniform(1, temperature, top_k, top_p, device=device)
+
+
+def _check_supported(metadata) -> None:
+    """Settings our sampler does not apply are refused, never ignored."""
+    unsupported = []
+    if metadata.max_num_logprobs is not None:
+        unsupported.append("logprobs")
+    if not metadata.no_penalties:
+        unsupported.append("presence/frequency/repetition penalties")
+    if metadata.allowed_token_ids_mask is not None:
+        unsupported.append("allowed_token_ids")
+    if metadata.bad_words_token_ids:
+        unsupported.append("bad_words")
+    if unsupported:
+        raise UnsupportedRequest("eagle3-plugin tree speculation does not support " + ", ".join(unsupported))
+
+
+def install() -> None:
+    """The CPU worker builds its (V1) runner by this name; our subclass is inert without our config."""
+    from vllm.v1.worker import cpu_worker
+    cpu_worker.CPUModelRunner = TreeSpeculationRunner
