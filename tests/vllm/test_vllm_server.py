@@ -1,11 +1,12 @@
-"""The real OpenAI server (our launcher, our config file) under load: 20 concurrent streaming requests
-on 127.0.0.1, bounded in count and time. All complete, greedy ones equal non-speculative decoding,
+"""The real OpenAI server (our launcher, our config file: chain and tree) under load: 20 concurrent
+streaming requests on 127.0.0.1, bounded in count and time. All complete, greedy ones equal non-speculative decoding,
 the speculative counters moved, and the server log has no error."""
 
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -17,9 +18,13 @@ from eagle3_plugin.vllm.server import running_server, spec_counters, stream_comp
 GREEDY, SAMPLED, MAX_TOKENS = 16, 4, 32
 
 
-def test_concurrent_streaming_requests_with_speculation(tmp_path):
+CONFIGS = {"chain": {"mode": "chain", "depth": 4}, "tree": {"mode": "tree", "depth": 5, "top_k": 8, "total_tokens": 32}}
+
+
+@pytest.mark.parametrize("mode", sorted(CONFIGS))
+def test_concurrent_streaming_requests_with_speculation(tmp_path, mode):
     config = tmp_path / "eagle3.json"
-    config.write_text(json.dumps({"draft": DRAFT, "mode": "chain", "depth": 4, "layer_ids": [1, 3, 5]}))
+    config.write_text(json.dumps({"draft": DRAFT, "layer_ids": [1, 3, 5], **CONFIGS[mode]}))
     prompts = [r.prompt for r in read_prompts(HELDOUT)[:GREEDY]]
     log = str(tmp_path / "server.log")
     with running_server(TARGET, ["--speculative-config", str(config), "--dtype", "float32",

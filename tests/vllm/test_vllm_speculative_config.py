@@ -1,4 +1,5 @@
-"""Our eagle3.json as vLLM's speculative_config, and the server launcher's argument rewriting."""
+"""Our eagle3.json as vLLM's speculative_config (checked, passed on as ours; the plugin turns it into vLLM's
+settings plus additional_config), and the server launcher's argument rewriting."""
 
 import json
 import shutil
@@ -8,7 +9,7 @@ import pytest
 from bundled import DRAFT
 from eagle3_plugin.errors import Eagle3Error
 from eagle3_plugin.vllm.serve import rewrite_args
-from eagle3_plugin.vllm.speculative import speculative_config
+from eagle3_plugin.vllm.speculative import engine_settings, speculative_config
 
 
 @pytest.fixture
@@ -19,16 +20,20 @@ def chain_file(tmp_path):
 
 
 def test_file_inline_and_passthrough(chain_file):
-    want = {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 4}
-    assert speculative_config(chain_file) == want
-    assert speculative_config(json.dumps({"draft": DRAFT, "mode": "chain", "depth": 4})) == want
+    ours = speculative_config(chain_file)
+    assert ours["mode"] == "chain" and ours["depth"] == 4 and ours["total_tokens"] == 5 and ours["draft"] == DRAFT
+    assert speculative_config(json.dumps({"draft": DRAFT, "mode": "chain", "depth": 4, "layer_ids": [1, 3, 5]})) == ours
     native = {"method": "eagle3", "model": "x", "num_speculative_tokens": 2}
     assert speculative_config(json.dumps(native)) == native
 
 
-def test_tree_mode_and_bad_values_are_refused(tmp_path):
-    with pytest.raises(Eagle3Error, match="mode 'tree' is not available in vLLM yet"):
-        speculative_config(DRAFT)  # the bundled eagle3.json asks for a tree
+def test_engine_settings_reserve_one_draft_slot_per_tree_node():
+    vllm, extra = engine_settings(speculative_config(DRAFT))  # the bundled eagle3.json: a 32-token tree
+    assert vllm == {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 31}
+    assert extra["eagle3"]["mode"] == "tree" and extra["eagle3"]["draft"] == DRAFT
+
+
+def test_bad_values_are_refused():
     with pytest.raises(Eagle3Error, match="unknown key 'dpeth'"):
         speculative_config(json.dumps({"mode": "chain", "dpeth": 3}))
     with pytest.raises(Eagle3Error, match="neither a file nor JSON"):
@@ -45,7 +50,7 @@ def test_layer_ids_must_agree_with_what_vllm_reads(tmp_path):
 def test_launcher_rewrites_model_and_config(chain_file):
     args = rewrite_args(["checkpoints/target", "--speculative-config", chain_file, "--port", "8000"])
     assert args[:2] == ["--model", "checkpoints/target"]
-    assert json.loads(args[args.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
+    assert json.loads(args[args.index("--speculative-config") + 1])["depth"] == 4
     assert args[-2:] == ["--port", "8000"]
     eq = rewrite_args(["--model", "m", f"--speculative-config={chain_file}"])
-    assert json.loads(eq[-1].split("=", 1)[1])["method"] == "eagle3"
+    assert json.loads(eq[-1].split("=", 1)[1])["mode"] == "chain"
