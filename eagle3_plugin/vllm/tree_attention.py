@@ -12,6 +12,7 @@ kernel; :class:`TreeBatch` is already the per-request description such a kernel 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,7 @@ class TreeBatch:
     """The verification forward's trees: batch row -> ``ancestor_mask [n, n]`` (bool) for its ``n`` query tokens."""
 
     masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    seconds: float = 0.0  # spent redoing tree rows, all layers (the plugin's cost in the forward)
 
 
 _current: TreeBatch | None = None
@@ -70,6 +72,7 @@ def install() -> None:
             raise NotImplementedError("eagle3-plugin tree attention supports plain causal attention only "
                                       "(no sliding window, soft cap, ALiBi or sinks)")
         paged_kv.check_isa(layer.isa)
+        began = time.perf_counter()
         heads, d = self.num_heads, self.head_size
         out = output.view(output.shape[0], heads, d)
         q = query.view(query.shape[0], heads, d)
@@ -80,6 +83,7 @@ def install() -> None:
                 raise RuntimeError(f"tree row {row}: {starts[row + 1] - start} query tokens, tree has {n}")
             out[start:start + n] = attend(q[start:start + n], kv_cache, attn_metadata.block_table[row],
                                           seq_lens[row], mask, self.scale)
+        batch.seconds += time.perf_counter() - began
         return result
 
     forward._eagle3_wrapped = True

@@ -17,6 +17,9 @@ of N nodes is N - 1 draft tokens, per-position acceptance is per depth). Trees t
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict, dataclass
+
 import torch
 from torch import nn
 
@@ -38,6 +41,26 @@ class UnsupportedRequest(RuntimeError):
     pass
 
 
+@dataclass
+class PluginTimings:
+    """Seconds the tree worker adds to engine steps, by phase (read with :func:`read_timings`)."""
+
+    steps: int = 0
+    prepare: float = 0.0  # depth positions, tree masks
+    tree_attention: float = 0.0  # tree rows redone in torch, all layers
+    verify: float = 0.0  # sampler + KV compaction
+    draft: float = 0.0  # draft catch-up + next tree
+
+    def per_step_ms(self) -> dict:
+        n = max(self.steps, 1)
+        return {k: 1e3 * v / n for k, v in asdict(self).items() if k != "steps"}
+
+
+def read_timings(worker) -> dict:
+    """For ``LLM.collective_rpc``: the worker's :class:`PluginTimings` as a dict."""
+    return asdict(worker.model_runner.timings)
+
+
 class TreeSpeculationRunner(CPUModelRunner):
     def __init__(self, vllm_config, device):
         super().__init__(vllm_config, device)
@@ -47,6 +70,8 @@ class TreeSpeculationRunner(CPUModelRunner):
         self._emitted: dict[int, list[int]] = {}
         self._verdicts: dict[int, object] = {}
         self._slot_mappings: dict[int, torch.Tensor] = {}
+        self._tree_batch = None
+        self.timings = PluginTimings()
         if self.eagle3 is not None:
             if self.speculative_config is None or self.num_spec_tokens != self.eagle3.total_tokens - 1:
                 raise RuntimeError("additional_config.eagle3 needs speculative_config with num_speculative_tokens "
@@ -84,6 +109,7 @@ class TreeSpeculationRunner(CPUModelRunner):
         result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         if self.eagle3 is None:
             return result
+        began = time.perf_counter()
         batch = self.input_batch
         starts = self.query_start_loc.np
         self._step, masks = {}, {}
@@ -104,13 +130,18 @@ class TreeSpeculationRunner(CPUModelRunner):
         total = int(starts[batch.num_reqs])
         self._slot_mappings = {g: torch.from_numpy(t.slot_mapping.np[:total].copy())
                                for g, t in enumerate(batch.block_table.block_tables)}
-        tree_attention.set_current(tree_attention.TreeBatch(masks))
+        self._tree_batch = tree_attention.TreeBatch(masks)
+        tree_attention.set_current(self._tree_batch)
+        self.timings.steps += 1
+        self.timings.prepare += time.perf_counter() - began
         return result
 
     def _sample(self, logits, spec_decode_metadata):
         if self.eagle3 is None:
             return super()._sample(logits, spec_decode_metadata)
         tree_attention.set_current(None)
+        self.timings.tree_attention += self._tree_batch.seconds
+        began = time.perf_counter()
         metadata = self.input_batch.sampling_metadata
         _check_supported(metadata)
         num_reqs = self.input_batch.num_reqs
@@ -134,6 +165,7 @@ class TreeSpeculationRunner(CPUModelRunner):
                 self._compact(row, verdict.accepted[0, :int(verdict.num_accepted[0]) + 1])
             self._emitted[row] = emitted
             out[row, :len(emitted)] = torch.tensor(emitted, dtype=torch.int32)
+        self.timings.verify += time.perf_counter() - began
         return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
 
     def _compact(self, row: int, path: torch.Tensor) -> None:
@@ -163,6 +195,7 @@ class TreeSpeculationRunner(CPUModelRunner):
             return super().propose_draft_token_ids(scheduler_output, sampled_token_ids, sampling_metadata,
                                                    hidden_states, sample_hidden_states, aux_hidden_states,
                                                    *args, **kwargs)
+        began = time.perf_counter()
         features = torch.cat(aux_hidden_states, dim=-1)
         batch = self.input_batch
         drafts = []
@@ -184,6 +217,7 @@ class TreeSpeculationRunner(CPUModelRunner):
             generator = sampling_metadata.generators.get(row, self._generator)
             tree = self.speculator.propose(req_id, emitted[-1], params, generator)
             drafts.append(tree.tokens[0, 1:].tolist())
+        self.timings.draft += time.perf_counter() - began
         return drafts
 
 
