@@ -76,14 +76,17 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     t = torch.where(params.greedy, torch.ones_like(params.temperature), params.temperature).view(shape)
     scaled = logits / t
-    k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
-    kth = torch.gather(torch.sort(scaled, dim=-1, descending=True).values, -1, (k - 1).expand(*scaled.shape[:-1], 1))
-    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if bool((params.top_k > 0).any()):
+        k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
+        kth = torch.gather(torch.sort(scaled, dim=-1, descending=True).values, -1,
+                           (k - 1).expand(*scaled.shape[:-1], 1))
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p.view(shape)  # mass before it reaches top_p
-    probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
-    probs = probs / probs.sum(-1, keepdim=True)
+    if bool((params.top_p < 1).any()):
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p.view(shape)  # mass before it reaches top_p
+        probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     return torch.where(params.greedy.view(shape), one_hot, probs)
 
@@ -101,6 +104,14 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingPa
 
     ``target_logits [B, N, V]``: the target's logits after each node of the tree.
     """
+    if bool(params.greedy.all()):
+        return verify_greedy(tree, target_logits)
+    return verify_tree_general(tree, target_logits, params, method, generator)
+
+
+def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, method: Method = "real",
+                        generator: Optional[torch.Generator] = None) -> Verdict:
+    """:func:`verify_tree` for any mix of greedy and sampled rows (greedy ones see a one-hot ``p``)."""
     if method not in ("real", "one_hot"):
         raise ValueError(f"unknown verification method {method!r}")
     b, n = tree.tokens.shape
@@ -153,6 +164,33 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingPa
     sampled = torch.multinomial(p_cur, 1, generator=generator).squeeze(1)
     bonus = torch.where(params.greedy, p_cur.argmax(-1), sampled)
     return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1), bonus=bonus)
+
+
+def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+    """:func:`verify_tree` when every row is greedy, without probabilities: from the root, follow the first child
+    (in index order) whose token is the target's argmax. Same verdict as the general path (whose one-hot
+    ``p`` accepts exactly that child), a few list operations instead of a loop of vocabulary-wide ops."""
+    b = tree.tokens.shape[0]
+    best = target_logits.argmax(-1).tolist()
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    accepted = torch.full((b, int(tree.depths.max()) + 1), -1, dtype=torch.long)
+    bonus = []
+    for row in range(b):
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(parents[row][1:], start=1):
+            children.setdefault(parent, []).append(node)
+        path = [0]
+        while True:
+            cur = path[-1]
+            nxt = next((c for c in children.get(cur, ()) if tokens[row][c] == best[row][cur]), None)
+            if nxt is None:
+                break
+            path.append(nxt)
+        accepted[row, :len(path)] = torch.tensor(path)
+        bonus.append(best[row][path[-1]])
+    accepted = accepted.to(tree.tokens.device)
+    return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1),
+                   bonus=torch.tensor(bonus, device=tree.tokens.device))
 
 
 def _draft_probs_at(tree: DraftTree, rows: torch.Tensor, node: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -83,3 +83,27 @@ def test_sampled_tree_carries_the_draft_distribution_of_each_expanded_node():
     has_children.scatter_(1, tree.parents[:, 1:], True)
     sums = tree.draft_probs.sum(-1)
     assert torch.allclose(sums[has_children], torch.ones(()), atol=1e-5)
+
+
+def test_greedy_verification_fast_path_equals_the_general_path():
+    """verify_greedy (lists) gives the verdict of verify_tree_general with one-hot p, on trees whose target
+    argmax often follows a child, so that paths of every length occur."""
+    from eagle3_plugin.sampler import verify_greedy, verify_tree_general
+    toy = Bigram(vocab=50, draft_vocab=40, seed=7)
+    gen = torch.Generator().manual_seed(0)
+    lengths = set()
+    for trial in range(20):
+        tree = build(toy, 4, depth=4, top_k=3, total=14, seed=trial)
+        logits = torch.randn(4, 14, 50, generator=gen)
+        children = tree.children(tree.max_children())
+        for row in range(4):
+            for node in range(14):
+                kids = [int(c) for c in children[row, node] if c >= 0]
+                if kids and torch.rand(1, generator=gen) < 0.8:
+                    pick = kids[int(torch.randint(len(kids), (1,), generator=gen))]
+                    logits[row, node, tree.tokens[row, pick]] += 10.0
+        fast = verify_greedy(tree, logits)
+        general = verify_tree_general(tree, logits, SamplingParams.uniform(4), "real")
+        assert torch.equal(fast.accepted, general.accepted) and torch.equal(fast.bonus, general.bonus)
+        lengths |= set(fast.num_accepted.tolist())
+    assert len(lengths) >= 4

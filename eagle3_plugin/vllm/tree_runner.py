@@ -123,8 +123,9 @@ class TreeSpeculationRunner(CPUModelRunner):
                 if tree is None or tree.tokens[0, 1:n].tolist() != list(drafts):
                     raise RuntimeError(f"request {req_id}: the scheduled draft tokens are not our last tree")
                 tree = tree.prefix(n)
-                self.positions[start:start + n] = base + tree.depths[0]
-                masks[row] = tree.ancestor_mask()[0]
+                if not _is_path(tree):  # a path is causal in flat order: the kernel is already right
+                    self.positions[start:start + n] = base + tree.depths[0]
+                    masks[row] = tree.ancestor_mask()[0]
                 step["tree"] = tree
             self._step[row] = step
         total = int(starts[batch.num_reqs])
@@ -219,6 +220,10 @@ class TreeSpeculationRunner(CPUModelRunner):
             drafts.append(tree.tokens[0, 1:].tolist())
         self.timings.draft += time.perf_counter() - began
         return drafts
+
+
+def _is_path(tree) -> bool:
+    return bool((tree.depths[0] == torch.arange(tree.size)).all())
 
 
 def _params(metadata, row: int, device) -> SamplingParams:
