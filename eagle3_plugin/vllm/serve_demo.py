@@ -32,10 +32,19 @@ def serve_and_measure(target: str, args: list[str], prompts: list[str], max_toke
     return tokens / seconds, (1 + accepted / drafts) if drafts else None, [c.text for c in done]
 
 
+def describe(spec: dict) -> str:
+    if "mode" not in spec:
+        return f"vLLM's native EAGLE-3 chain of {spec.get('num_speculative_tokens')}"
+    if spec["mode"] == "chain":
+        return f"EAGLE-3 chain of {spec['depth']} (eagle3-plugin)"
+    return (f"EAGLE-3 dynamic tree, depth {spec['depth']}, top_k {spec['top_k']}, {spec['total_tokens']} tokens/round "
+            "(eagle3-plugin)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True)
-    p.add_argument("--speculative-config", required=True, help="eagle3.json path or JSON (mode chain)")
+    p.add_argument("--speculative-config", required=True, help="eagle3.json path or JSON (ours or vLLM's)")
     p.add_argument("--prompts", required=True)
     p.add_argument("--max-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -55,7 +64,7 @@ def main(argv=None) -> int:
         a.target, common + ["--speculative-config", json.dumps(spec_json)], prompts, a.max_new_tokens,
         os.path.join(logs, "eagle3.log"))
     print(f"## vllm serve on 127.0.0.1: {len(prompts)} requests, {a.max_new_tokens} tokens each, greedy, "
-          f"EAGLE-3 chain of {spec_json['num_speculative_tokens']}\n")
+          f"{describe(spec_json)}\n")
     print("| server | tokens/s | mean acceptance length |")
     print("|---|---:|---:|")
     print(f"| no speculation | {base_tps:.1f} | |")
