@@ -110,6 +110,9 @@ class TreeSpeculationRunner(CPUModelRunner):
         if self.eagle3 is None:
             return result
         began = time.perf_counter()
+        if scheduler_output.has_structured_output_requests and self.eagle3.top_k > 1:
+            raise UnsupportedRequest("eagle3-plugin tree speculation does not support structured output (vLLM's "
+                                     "grammar masks draft tokens as a chain); use a chain config")
         batch = self.input_batch
         starts = self.query_start_loc.np
         self._step, masks = {}, {}
