@@ -1,6 +1,6 @@
-"""A target without ``SupportsEagle3`` in vLLM (Glm4) runs EAGLE-3 through our capture, with exactly the
-reference generator's acceptance (which captures from transformers' hidden states): the captured values
-are right, not only their shapes."""
+"""A target without ``SupportsEagle3`` in vLLM (Glm4) runs EAGLE-3 through our capture, with vLLM's native
+chain and with our tree worker, with exactly the reference generator's acceptance (which captures from
+transformers' hidden states): the captured values are right, not only their shapes."""
 
 import pytest
 import torch
@@ -26,20 +26,35 @@ def glm4(tmp_path_factory):
     return target, train_draft_for(target, str(work / "draft"), str(work))
 
 
-def test_glm4_target_through_our_capture_matches_the_reference(glm4):
+@pytest.fixture(scope="module")
+def prompts(glm4):
+    tok = AutoTokenizer.from_pretrained(glm4[0])
+    return [encode_prompt(tok, r.prompt) for r in read_prompts(HELDOUT)[:6]]
+
+
+@pytest.fixture(scope="module")
+def plain(glm4, prompts):
+    return run_llm(dict(target=glm4[0], prompts=prompts, temperature=0.0, max_tokens=MAX_TOKENS))
+
+
+@pytest.mark.parametrize("worker", ["native-chain", "our-tree"])
+def test_glm4_target_through_our_capture_matches_the_reference(glm4, prompts, plain, worker):
     from vllm.model_executor.models.glm4 import Glm4ForCausalLM
     from vllm.model_executor.models.interfaces import supports_eagle3
     assert not supports_eagle3(Glm4ForCausalLM)  # stock vLLM cannot feed an EAGLE-3 draft from it
 
     target, draft = glm4
-    tok = AutoTokenizer.from_pretrained(target)
-    prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(HELDOUT)[:6]]
-    spec = run_llm(dict(target=target, draft=draft, prompts=prompts, temperature=0.0, max_tokens=MAX_TOKENS,
-                        num_speculative_tokens=DEPTH))
-    plain = run_llm(dict(target=target, prompts=prompts, temperature=0.0, max_tokens=MAX_TOKENS))
+    if worker == "native-chain":
+        config = Eagle3Config.chain(DEPTH, draft=draft, layer_ids=(1, 3, 5))
+        spec = run_llm(dict(target=target, draft=draft, prompts=prompts, temperature=0.0, max_tokens=MAX_TOKENS,
+                            num_speculative_tokens=DEPTH))
+    else:
+        config = Eagle3Config(draft=draft, layer_ids=(1, 3, 5), mode="tree", depth=DEPTH, top_k=4, total_tokens=12)
+        spec = run_llm(dict(target=target, speculative_config=config.to_dict(), prompts=prompts, temperature=0.0,
+                            max_tokens=MAX_TOKENS))
     assert spec["tokens"] == plain["tokens"]
 
-    gen = SpeculativeGenerator.from_pretrained(target, Eagle3Config.chain(DEPTH, draft=draft, layer_ids=(1, 3, 5)))
+    gen = SpeculativeGenerator.from_pretrained(target, config)
     stats = AcceptanceStats(DEPTH)
     for prompt in prompts:
         stats.merge(gen.generate([prompt], MAX_TOKENS, SamplingParams.uniform(1)).stats)
