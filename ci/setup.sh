@@ -2,7 +2,6 @@
 # Create or update the project environment in .venv/ (idempotent; fast when nothing changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash ci/setup_sglang.sh  # SGLang's own environment (.venv-sglang), see that script
 stamp=.venv/.eagle3-setup
 want="$(sha256sum pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

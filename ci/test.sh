@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, after setting up .venv/ when needed. Extra arguments go to pytest.
+# The whole test suite, after setting up .venv/ and .venv-sglang/ when needed. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
+bash ci/setup_sglang.sh  # the SGLang tests run the real server from its own environment, .venv-sglang
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
