@@ -77,6 +77,20 @@ class CanonicalDraft:
                 found.append(str(e))
         return found
 
+    def build(self, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
+        """The draft as a module (eval mode), after every check of :meth:`problems` and finite weights."""
+        problems = self.problems()
+        if problems:
+            raise Eagle3Error("; ".join(problems))
+        state = {}
+        for name, t in self.tensors.items():
+            state[name] = t.load()
+            if state[name].dtype.is_floating_point:
+                self.check_finite(name, state[name])
+        draft = Eagle3Draft(self.config)
+        draft.load_state_dict(state)
+        return draft.to(dtype).eval()
+
     def check_finite(self, name: str, x: torch.Tensor) -> None:
         if not all_finite(x):
             raise Eagle3Error(f"tensor {name!r} contains NaN or Inf")

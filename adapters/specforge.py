@@ -1,6 +1,6 @@
 """SpecForge's export, which is also the layout SGLang loads: official tensor names without embeddings,
 ``architectures: ["LlamaForCausalLMEagle3"]`` and capture ids in SGLang's convention under
-``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang id i = our id i + 1)."""
+``eagle_config.eagle_aux_hidden_state_layer_ids`` (our id = SGLang id + 1)."""
 
 from __future__ import annotations
 

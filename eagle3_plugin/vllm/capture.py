@@ -15,46 +15,22 @@ where the hooks' writes are not guaranteed to run: use ``enforce_eager=True``.
 
 from __future__ import annotations
 
-import inspect
-
 from torch import nn
 
-from ..capture import FusedCapture, decoder_layers
+from ..capture import FusedCapture, UnsupportedTarget, decoder_layers, read_inputs, residual_stream_reader
 from ..layers import default_layer_ids
-
-
-class UnsupportedTarget(RuntimeError):
-    pass
-
-
-def residual_stream_reader(layer: nn.Module):
-    """How to read the residual stream from this kind of layer's inputs (see the module docstring)."""
-    params = list(inspect.signature(layer.forward).parameters)
-    if "residual" not in params:
-        index = params.index("hidden_states")
-        return lambda args, kwargs: args[index] if len(args) > index else kwargs["hidden_states"]
-    if not hasattr(layer, "input_layernorm"):
-        raise UnsupportedTarget(f"{type(layer).__name__} takes a residual but has no fused input_layernorm: "
-                                "its residual stream cannot be read safely")
-    h, r = params.index("hidden_states"), params.index("residual")
-
-    def stream(args, kwargs):
-        hidden = args[h] if len(args) > h else kwargs["hidden_states"]
-        residual = args[r] if len(args) > r else kwargs.get("residual")
-        return hidden if residual is None else hidden + residual
-    return stream
 
 
 def add_eagle3_interface(model: nn.Module, num_layers: int, hidden_size: int) -> None:
     """Give ``model`` (an instance) the ``SupportsEagle3`` interface through fused capture."""
     layers = decoder_layers(model, num_layers)
-    stream = residual_stream_reader(layers[0])
+    attach = read_inputs(residual_stream_reader(layers[0]))
     state: dict = {"capture": None}
 
     def set_aux_hidden_state_layers(layer_ids) -> None:
         if state["capture"] is not None:
             state["capture"].__exit__(None, None, None)
-        capture = FusedCapture(model, tuple(sorted(layer_ids)), layers=layers, stream=stream,
+        capture = FusedCapture(model, tuple(sorted(layer_ids)), layers=layers, attach=attach,
                                hidden_size=hidden_size)
         state["capture"] = capture.__enter__()
 

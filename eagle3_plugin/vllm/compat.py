@@ -6,8 +6,7 @@ An unsupported version, or a supported one whose internals differ from what we p
 
 from __future__ import annotations
 
-import importlib
-import inspect
+from ..internals import internal_problems
 
 SUPPORTED_VERSIONS = ("0.32.0",)
 
@@ -57,23 +56,9 @@ def vllm_version() -> str:
 def check_vllm() -> str:
     """Return the vLLM version after checking it and every internal in :data:`REQUIRED_INTERNALS`."""
     version = vllm_version()
-    problems = []
-    if version not in SUPPORTED_VERSIONS:
-        problems.append(f"vLLM {version} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})")
-    for module_name, path, params in REQUIRED_INTERNALS:
-        where = f"{module_name}.{path}"
-        try:
-            obj = importlib.import_module(module_name)
-            for part in path.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as e:
-            problems.append(f"{where} is missing ({e})")
-            continue
-        if params:
-            have = set(inspect.signature(obj).parameters)
-            missing = [p for p in params if p not in have]
-            if missing:
-                problems.append(f"{where} lacks parameter(s) {', '.join(missing)}")
+    problems = [] if version in SUPPORTED_VERSIONS else [
+        f"vLLM {version} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})"]
+    problems += internal_problems(REQUIRED_INTERNALS)
     if problems:
         raise UnsupportedVllm("eagle3-plugin cannot run on this vLLM: " + "; ".join(problems))
     return version

@@ -1,11 +1,13 @@
-"""Greedy outputs of the real SGLang CPU server: no speculation vs EAGLE-3 chain vs EAGLE-3 tree.
+"""Greedy outputs of the real SGLang CPU server: no speculation vs EAGLE-3 chains and trees, stock and ours.
 
     .venv-sglang/bin/python tests/sglang_support/compare_greedy.py --out /tmp/sgl_compare.json
 
-Servers run one at a time, requests one at a time (batch size 1). The draft is converted to SGLang's
-layout (capture ids = ours - 1 under eagle_config) by the package's own converter into a temporary folder.
-Prints one JSON summary: per-setting outputs, whether they equal the first setting's (``none``), and the mean
-acceptance length 1 + accepted drafts / verify rounds (plus SGLang's completion_tokens / verify rounds).
+Settings: ``none``; ``stock-chain`` / ``stock-tree`` (stock SGLang: eagle3-plugin left out through
+SGLANG_PLUGINS); ``chain`` / ``tree`` (eagle3-plugin). Stock settings and our chain load the draft converted to
+SGLang's layout by our converter (capture ids = ours - 1 under eagle_config); our tree is started from the
+bundled ``eagle3.json`` alone (its tree shape, our draft layout). Servers run one at a time, requests one at
+a time (batch size 1). Prints one JSON summary: per-setting outputs, whether they equal the first setting's,
+and the mean acceptance length 1 + accepted drafts / verify rounds (plus SGLang's completion_tokens / rounds).
 """
 
 import argparse
@@ -15,13 +17,17 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from launch import SGLangServer  # noqa: E402
+from launch import STOCK_PLUGINS, SGLangServer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SETTINGS = {
-    "none": [],
-    "chain": ["--speculative-num-steps", "5", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"],
-    "tree": ["--speculative-num-steps", "5", "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"],
+CHAIN = ["--speculative-num-steps", "5", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"]
+TREE = ["--speculative-num-steps", "5", "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"]
+SETTINGS = {  # name: (converted draft?, flags, SGLANG_PLUGINS)
+    "none": (False, [], None),
+    "stock-chain": (True, CHAIN, STOCK_PLUGINS),
+    "stock-tree": (True, TREE, STOCK_PLUGINS),
+    "chain": (True, CHAIN, None),
+    "tree": (False, [], None),
 }
 
 
@@ -33,11 +39,13 @@ def prompt_ids(target: str, prompts: str, count: int) -> list:
     return [tokenizer.encode(t) for t in texts]
 
 
-def run_setting(name, target, draft, prompts, max_new_tokens, log_dir):
-    extra = [] if name == "none" else ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
-                                       *SETTINGS[name]]
+def run_setting(name, target, draft, converted, prompts, max_new_tokens, log_dir):
+    use_converted, flags, plugins = SETTINGS[name]
+    path = converted if use_converted else os.path.join(draft, "eagle3.json")
+    extra = [] if name == "none" else ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", path,
+                                       *flags]
     params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
-    with SGLangServer(target, extra, log_path=os.path.join(log_dir, f"server-{name}.log")) as server:
+    with SGLangServer(target, extra, log_path=os.path.join(log_dir, f"server-{name}.log"), plugins=plugins) as server:
         return [server.generate(ids, params) for ids in prompts]
 
 
@@ -63,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--prompt-ids", help="JSON file with a list of token-id lists (instead of --prompts)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--settings", default="none,chain,tree")
+    p.add_argument("--settings", default="none,stock-chain,stock-tree,chain,tree")
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--out")
     a = p.parse_args(argv)
@@ -78,11 +86,11 @@ def main(argv=None) -> int:
     report = {"prompt_lengths": [len(x) for x in prompts], "max_new_tokens": a.max_new_tokens,
               "reference_setting": names[0]}
     with tempfile.TemporaryDirectory() as tmp:
-        draft = os.path.join(tmp, "draft-sglang")
-        convert(a.draft, "sglang", draft, target=a.target)
+        converted = os.path.join(tmp, "draft-sglang")
+        convert(a.draft, "sglang", converted, target=a.target)
         reference = None
         for name in names:
-            results = run_setting(name, a.target, draft, prompts, a.max_new_tokens, a.log_dir)
+            results = run_setting(name, a.target, a.draft, converted, prompts, a.max_new_tokens, a.log_dir)
             reference = reference or [r["output_ids"] for r in results]
             report[name] = summarize(results, reference)
     text = json.dumps(report, indent=1)

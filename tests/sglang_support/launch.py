@@ -20,12 +20,17 @@ import urllib.request
 SUPPORT_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def server_env(base=None) -> dict:
+STOCK_PLUGINS = "eagle3_test_amx"  # SGLANG_PLUGINS for stock SGLang: only the test platform plugin, not eagle3-plugin
+
+
+def server_env(base=None, plugins=None) -> dict:
     """Environment for an SGLang CPU server: CPU engine on, the stand-in sgl_kernel and the has_amx plugin
-    (tests/sglang_support) first on PYTHONPATH."""
+    (tests/sglang_support) first on PYTHONPATH; ``plugins`` restricts SGLang's general plugins (SGLANG_PLUGINS)."""
     env = dict(os.environ if base is None else base)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT_DIR, env.get("PYTHONPATH", "")) if p)
+    if plugins is not None:
+        env["SGLANG_PLUGINS"] = plugins
     return env
 
 
@@ -44,21 +49,23 @@ def free_port() -> int:
 
 class SGLangServer:
     """Context manager: start the server (own process group, output to log_path), wait for /health,
-    stop it on exit (SIGTERM to the launcher; SIGKILL to its process group after ``stop_timeout`` s)."""
+    stop it on exit (SIGTERM to the launcher; SIGKILL to its process group after ``stop_timeout`` s).
+    ``plugins=STOCK_PLUGINS`` runs stock SGLang even where eagle3-plugin is installed."""
 
     def __init__(self, model: str, extra_args=(), log_path: str = "sglang_server.log", port=None,
-                 start_timeout: float = 900, stop_timeout: float = 60, python=None):
+                 start_timeout: float = 900, stop_timeout: float = 60, python=None, plugins=None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = server_command(model, self.port, extra_args, python)
         self.log_path, self.start_timeout, self.stop_timeout = log_path, start_timeout, stop_timeout
+        self.plugins = plugins
         self.proc = None
 
     def __enter__(self):
         self._log = open(self.log_path, "w")
         self._log.write(" ".join(self.command) + "\n")
         self._log.flush()
-        self.proc = subprocess.Popen(self.command, env=server_env(), stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.command, env=server_env(plugins=self.plugins), stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         try:
             self._wait_healthy()

@@ -1,0 +1,112 @@
+"""Our settings inside SGLang: server arguments, the worker's :class:`Eagle3Config`, request admission.
+
+``--speculative-draft-model-path`` may name a draft folder in any format we read (SGLang/SpecForge, ours,
+speculators, EAGLE) or our ``eagle3.json``. When the draft folder holds an ``eagle3.json`` (or the path is
+one) and no tree flag is given, its tree shape fills ``--speculative-num-steps`` (= our depth),
+``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` (= our total_tokens); explicit flags win.
+Our worker needs the features of every token of a request, so SGLang's radix cache (which skips the
+forward of cached prefixes) is switched off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..config import CONFIG_FILENAME, Eagle3Config
+from ..layers import to_ours
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "EAGLE3"
+
+
+def is_ours(algorithm: str | None) -> bool:
+    return (algorithm or "").upper() == ALGORITHM
+
+
+def our_config_file(draft_path: str | None) -> str | None:
+    """The ``eagle3.json`` that ``--speculative-draft-model-path`` names or holds, if any."""
+    if not draft_path:
+        return None
+    if os.path.isfile(draft_path):
+        return draft_path
+    candidate = os.path.join(draft_path, CONFIG_FILENAME)
+    return candidate if os.path.isfile(candidate) else None
+
+
+def resolve_server_args(server_args) -> None:
+    """BEFORE SGLang's ``handle_speculative_decoding``: apply our ``eagle3.json``; radix cache off."""
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    cfg = resolving_view(server_args)
+    if not is_ours(cfg.speculative_algorithm):
+        return
+    fields = {}
+    config_file = our_config_file(cfg.speculative_draft_model_path)
+    if config_file is not None:
+        ours = Eagle3Config.load(config_file)
+        if os.path.isfile(cfg.speculative_draft_model_path):
+            fields["speculative_draft_model_path"] = ours.draft
+        flags = (cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens)
+        if all(flag is None for flag in flags):
+            fields.update(speculative_num_steps=ours.depth, speculative_eagle_topk=ours.top_k,
+                          speculative_num_draft_tokens=ours.total_tokens)
+    if not cfg.disable_radix_cache:
+        fields["disable_radix_cache"] = True
+        logger.info("eagle3-plugin: radix cache disabled (the draft needs the target features of every token)")
+    if fields:
+        declare_resolution(server_args, "eagle3-plugin", **fields)
+
+
+def worker_config(draft_path: str, num_steps: int, topk: int, num_draft_tokens: int) -> Eagle3Config:
+    """The tree SGLang was started with, as our config (``tree_sampler`` from the draft's ``eagle3.json``)."""
+    config_file = our_config_file(draft_path)
+    sampler = Eagle3Config.load(config_file).tree_sampler if config_file else "real"
+    if topk == 1:
+        return Eagle3Config.chain(num_steps, draft=draft_path, tree_sampler=sampler)
+    return Eagle3Config(draft=draft_path, mode="tree", depth=num_steps, top_k=topk, total_tokens=num_draft_tokens,
+                        tree_sampler=sampler)
+
+
+def sglang_default_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """What stock SGLang captures for a draft that records no ids (``llama.py``: 2, n//2, n-3), in our rule."""
+    return to_ours((2, num_layers // 2, num_layers - 3), "sglang")
+
+
+UNSUPPORTED_SETTINGS = (
+    # (sampling_params key, value that means "off", what it is)
+    ("frequency_penalty", 0.0, "frequency_penalty"),
+    ("presence_penalty", 0.0, "presence_penalty"),
+    ("repetition_penalty", 1.0, "repetition_penalty"),
+    ("min_p", 0.0, "min_p"),
+    ("min_new_tokens", 0, "min_new_tokens"),
+    ("logit_bias", None, "logit_bias"),
+    ("json_schema", None, "json_schema"),
+    ("regex", None, "regex"),
+    ("ebnf", None, "ebnf"),
+    ("structural_tag", None, "structural_tag"),
+    ("watermark", None, "watermark"),
+)
+
+
+def unsupported_request_settings(sampling_params: dict | None, custom_logit_processor) -> list[str]:
+    """Sampling settings our verifier does not apply (it must refuse them rather than ignore them)."""
+    params = sampling_params or {}
+    found = [name for key, off, name in UNSUPPORTED_SETTINGS if params.get(key) not in (None, off)]
+    if custom_logit_processor:
+        found.append("custom_logit_processor")
+    return found
+
+
+def validate_request(result, self, obj, input_ids):
+    """AFTER SGLang's ``TokenizerManager._validate_one_request``: refuse what our verifier would ignore."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if is_ours(self.server_args.speculative_algorithm) and isinstance(obj, GenerateReqInput):
+        found = unsupported_request_settings(obj.sampling_params, obj.custom_logit_processor)
+        if found:
+            raise ValueError(f"eagle3-plugin's EAGLE3 worker does not support {', '.join(found)}; "
+                             "send the request without them or serve without speculative decoding")
+    return result
