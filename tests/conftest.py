@@ -33,3 +33,12 @@ def target():
 @pytest.fixture(scope="module")
 def draft(target):
     return random_draft(target)
+
+
+@pytest.fixture(scope="session")
+def glm4(tmp_path_factory):
+    """A tiny Glm4 target (no EAGLE-3 capture in vLLM or SGLang) and a draft trained for it: (target, draft)."""
+    from glm4_target import build_glm4_target, train_draft_for
+    work = tmp_path_factory.mktemp("glm4")
+    target = build_glm4_target(str(work / "target"))
+    return target, train_draft_for(target, str(work / "draft"), str(work))

@@ -13,17 +13,9 @@ from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
 from eagle3_plugin.sampler import SamplingParams
 from eagle3_plugin.vllm.capture import UnsupportedTarget, residual_stream_reader
-from glm4_target import build_glm4_target, train_draft_for
 from vllm_support import run_llm
 
 DEPTH, MAX_TOKENS = 3, 32
-
-
-@pytest.fixture(scope="module")
-def glm4(tmp_path_factory):
-    work = tmp_path_factory.mktemp("glm4")
-    target = build_glm4_target(str(work / "target"))
-    return target, train_draft_for(target, str(work / "draft"), str(work))
 
 
 @pytest.fixture(scope="module")

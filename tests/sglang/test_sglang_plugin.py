@@ -1,0 +1,110 @@
+"""eagle3-plugin inside the real SGLang server (CPU, fp32, tree 3/4/10 from the bundled draft in our layout).
+
+- T > 0: the second generated token is the first one the verifier decides. Its exact distribution,
+  marginalised over the first token, is computed from the target with transformers and compared with
+  the server's generations by chi-square (alpha = 1e-3). Stock SGLang verifies greedily on CPU whatever the
+  temperature (``eagle_utils._verify_uses_greedy``) and fails the same test.
+- 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
+- Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving.
+- An unsupported SGLang version stops the plugin with one clear error.
+"""
+
+import subprocess
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import DRAFT, HELDOUT, TARGET
+from eagle3_plugin.convert import convert
+from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.sampler import SamplingParams, target_probs
+from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, server
+from stats_util import chi_square_pvalue
+
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
+N = 3000
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    return [encode_prompt(tok, r.prompt) for r in read_prompts(HELDOUT)[:20]]
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory):
+    args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT, *TREE]
+    with server(TARGET, args, str(tmp_path_factory.mktemp("sgl") / "ours.log")) as s:
+        yield s
+
+
+def second_tokens(srv, prompt, temperature, top_p, n=N) -> torch.Tensor:
+    out = srv.generate([prompt] * n, {"max_new_tokens": 2, "temperature": temperature, "top_p": top_p,
+                                      "ignore_eos": True}, timeout=1200)
+    assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in out) >= n  # every request verified a tree
+    return torch.tensor([o["output_ids"][1] for o in out])
+
+
+def exact_second_token(prompt, temperature, top_p) -> torch.Tensor:
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    with torch.no_grad():
+        p1 = target_probs(target(torch.tensor([prompt])).logits[:, -1],
+                          SamplingParams.uniform(1, temperature=temperature, top_p=top_p))[0]
+        support = torch.nonzero(p1 > 1e-7).flatten()
+        seqs = torch.tensor([prompt + [int(t)] for t in support])
+        p2 = target_probs(target(seqs).logits[:, -1], SamplingParams.uniform(len(seqs), temperature=temperature,
+                                                                             top_p=top_p))
+    return (p1[support, None] * p2).sum(0)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
+def test_sampling_through_the_plugin_has_the_target_distribution(ours, prompts, temperature, top_p):
+    prompt = prompts[3]
+    seen = second_tokens(ours, prompt, temperature, top_p)
+    assert chi_square_pvalue(seen, exact_second_token(prompt, temperature, top_p)) > 1e-3
+
+
+def test_stock_sglang_cpu_fails_the_same_test(prompts, tmp_path):
+    prompt = prompts[3]
+    draft = str(tmp_path / "draft-sglang")  # stock SGLang reads capture ids only from its own layout
+    convert(DRAFT, "sglang", draft, target=TARGET)
+    args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft, *TREE]
+    with server(TARGET, args, str(tmp_path / "stock.log"), plugins=STOCK_PLUGINS) as stock:
+        seen = second_tokens(stock, prompt, 1.0, 1.0, n=1000)
+    assert chi_square_pvalue(seen, exact_second_token(prompt, 1.0, 1.0)) < 1e-6
+
+
+def test_concurrent_requests_complete_and_greedy_ones_equal_plain_decoding(ours, prompts):
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    greedy = set(range(0, 20, 2)) | {1, 3}  # 12 greedy, 8 sampled, interleaved
+
+    def send(i):
+        params = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0.0 if i in greedy else 1.0}
+        return ours.generate(prompts[i], params)
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(send, range(len(prompts))))
+    assert all(len(o["output_ids"]) == 40 for o in outs)
+    for i in sorted(greedy):
+        with torch.no_grad():
+            plain = target.generate(torch.tensor([prompts[i]]), max_new_tokens=40, do_sample=False, eos_token_id=None)
+        assert outs[i]["output_ids"] == plain[0, len(prompts[i]):].tolist(), i
+
+
+@pytest.mark.parametrize("setting", [{"frequency_penalty": 0.5}, {"min_p": 0.1}, {"regex": "[a-z]+"}])
+def test_settings_the_verifier_would_ignore_are_refused(ours, prompts, setting):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        ours.generate(prompts[0], {"max_new_tokens": 4, **setting})
+    assert e.value.code == 400 and "eagle3-plugin" in e.value.read().decode()
+    assert len(ours.generate(prompts[0], {"max_new_tokens": 4})["output_ids"]) > 0
+
+
+def test_an_unsupported_sglang_version_stops_with_one_clear_error():
+    code = ("import sglang; sglang.__version__ = '0.5.22'\n"
+            "from eagle3_plugin.sglang.plugin import register\nregister()")
+    proc = subprocess.run([SGLANG_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "SGLang 0.5.22 is not supported (supported: 0.5.23)" in proc.stderr
