@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from .errors import Eagle3Error
@@ -64,6 +65,8 @@ def _add_bench(sub) -> None:
                        help="dynamic tree: DEPTH draft levels, TOPK children, TOTAL tokens verified incl. root")
     p.add_argument("--tree-sampler", choices=("real", "one_hot"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-args", type=shlex.split, default=(), metavar="'ARGS'",
+                   help="extra server arguments for --engine sglang, e.g. '--device cpu --dtype float32'")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--plot", dest="plot_out", metavar="OUT.png")
     p.set_defaults(run=_run_bench)

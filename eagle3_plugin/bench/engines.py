@@ -9,7 +9,7 @@ from typing import Optional
 from ..config import Eagle3Config
 from ..reference import AcceptanceStats
 
-ENGINES = ("reference", "vllm")
+ENGINES = ("reference", "vllm", "sglang")
 
 
 @dataclass
@@ -89,9 +89,67 @@ class VllmEngine:
         del self.spec, self.plain
 
 
-def open_engine(name: str, target_dir: str, config: Eagle3Config):
+class SglangEngine:
+    """SGLang's real server with our plugin, over HTTP (run ``eagle3 bench`` with SGLang's interpreter): one
+    server without speculation and one with ``--speculative-algorithm EAGLE3`` started from our config, both
+    up for the whole run. ``engine_args`` go to both servers (e.g. ``--device cpu``); the environment is
+    inherited. Acceptance comes from each response's ``meta_info``: verify rounds, accepted drafts, and the
+    histogram of accepted drafts per round (-> per-position acceptance)."""
+
+    name = "sglang"
+
+    def __init__(self, target_dir: str, config: Eagle3Config, engine_args=()):
+        import dataclasses
+        import os
+        import tempfile
+
+        from ..sglang.server import SGLangServer
+        self.depth = config.depth
+        self._tmp = tempfile.TemporaryDirectory(prefix="eagle3-bench-")
+        config_file = os.path.join(self._tmp.name, "eagle3.json")
+        dataclasses.replace(config, draft=os.path.abspath(config.draft)).save(config_file)
+        log = os.path.join(self._tmp.name, "{}.log")
+        self._servers = []
+        try:
+            for name, extra in (("plain", []), ("eagle3", ["--speculative-algorithm", "EAGLE3",
+                                                           "--speculative-draft-model-path", config_file])):
+                server = SGLangServer(target_dir, [*engine_args, *extra], log_path=log.format(name))
+                self._servers.append(server.__enter__())
+        except BaseException:
+            self.close()
+            raise
+        self.plain, self.spec = self._servers
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
+                 eos_token_id: Optional[int]) -> EngineOutput:
+        import time
+        params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": eos_token_id is None}
+        if temperature > 0:
+            params["sampling_seed"] = seed
+        start = time.perf_counter()
+        out = (self.spec if speculative else self.plain).generate(prompt, params)
+        seconds = time.perf_counter() - start
+        stats = None
+        if speculative:
+            meta = out["meta_info"]
+            histogram = meta.get("spec_correct_drafts_histogram") or []
+            stats = AcceptanceStats(self.depth, rounds=meta["spec_verify_ct"],
+                                    accepted_tokens=meta["spec_num_correct_drafts"],
+                                    accepted_per_position=[sum(histogram[d + 1:]) for d in range(self.depth)])
+        return EngineOutput(list(out["output_ids"]), seconds, stats)
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.stop()
+        self._servers = []
+        self._tmp.cleanup()
+
+
+def open_engine(name: str, target_dir: str, config: Eagle3Config, engine_args=()):
     if name == "reference":
         return ReferenceEngine(target_dir, config)
     if name == "vllm":
         return VllmEngine(target_dir, config)
+    if name == "sglang":
+        return SglangEngine(target_dir, config, engine_args)
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")

@@ -31,6 +31,7 @@ class BenchArgs:
     tree: Optional[tuple] = None
     tree_sampler: Optional[str] = None
     seed: int = 0
+    engine_args: tuple = ()
     json_out: Optional[str] = None
     plot_out: Optional[str] = None
 
@@ -63,7 +64,9 @@ def bench(args: BenchArgs) -> dict:
     config = speculation_config(args)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     prompts = [encode_prompt(tokenizer, r.prompt) for r in records]
-    engine = open_engine(args.engine, args.target, config)
+    if args.engine_args and args.engine != "sglang":
+        raise Eagle3Error("--engine-args is for --engine sglang (extra arguments for its servers)")
+    engine = open_engine(args.engine, args.target, config, args.engine_args)
     try:
         for speculative in (False, True):  # warm-up, untimed
             engine.generate(prompts[0][:8], 4, args.temperature, speculative, args.seed, None)

@@ -4,7 +4,8 @@
 speculators, EAGLE) or our ``eagle3.json``. When the draft folder holds an ``eagle3.json`` (or the path is
 one) and no tree flag is given, its tree shape fills ``--speculative-num-steps`` (= our depth),
 ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` (= our total_tokens); explicit flags win.
-Our worker needs the features of every token of a request, so SGLang's radix cache (which skips the
+The file's other settings (``tree_sampler``, ``layer_ids``) reach the scheduler processes through the
+environment variable :data:`CONFIG_ENV`, set in the launcher before they start. Our worker needs the features of every token of a request, so SGLang's radix cache (which skips the
 forward of cached prefixes) is switched off.
 """
 
@@ -19,6 +20,7 @@ from ..layers import to_ours
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "EAGLE3"
+CONFIG_ENV = "EAGLE3_PLUGIN_SGLANG_CONFIG"
 
 
 def is_ours(algorithm: str | None) -> bool:
@@ -47,6 +49,7 @@ def resolve_server_args(server_args) -> None:
     config_file = our_config_file(cfg.speculative_draft_model_path)
     if config_file is not None:
         ours = Eagle3Config.load(config_file)
+        os.environ[CONFIG_ENV] = os.path.abspath(config_file)
         if os.path.isfile(cfg.speculative_draft_model_path):
             fields["speculative_draft_model_path"] = ours.draft
         flags = (cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens)
@@ -61,13 +64,14 @@ def resolve_server_args(server_args) -> None:
 
 
 def worker_config(draft_path: str, num_steps: int, topk: int, num_draft_tokens: int) -> Eagle3Config:
-    """The tree SGLang was started with, as our config (``tree_sampler`` from the draft's ``eagle3.json``)."""
-    config_file = our_config_file(draft_path)
-    sampler = Eagle3Config.load(config_file).tree_sampler if config_file else "real"
+    """The tree SGLang was started with, as our config; ``tree_sampler`` and ``layer_ids`` from the launcher's
+    ``eagle3.json`` (:data:`CONFIG_ENV`) or the draft folder's, if any (``layer_ids`` None: the draft's own)."""
+    config_file = os.environ.get(CONFIG_ENV) or our_config_file(draft_path)
+    given = Eagle3Config.load(config_file) if config_file else Eagle3Config()
+    kw = dict(draft=draft_path, layer_ids=given.layer_ids, tree_sampler=given.tree_sampler)
     if topk == 1:
-        return Eagle3Config.chain(num_steps, draft=draft_path, tree_sampler=sampler)
-    return Eagle3Config(draft=draft_path, mode="tree", depth=num_steps, top_k=topk, total_tokens=num_draft_tokens,
-                        tree_sampler=sampler)
+        return Eagle3Config.chain(num_steps, **kw)
+    return Eagle3Config(mode="tree", depth=num_steps, top_k=topk, total_tokens=num_draft_tokens, **kw)
 
 
 def sglang_default_layer_ids(num_layers: int) -> tuple[int, ...]:

@@ -54,7 +54,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         runner = target_worker.model_runner
         model, hf_config = runner.model, runner.model_config.hf_text_config
         dtype = next(model.parameters()).dtype
-        draft, layer_ids = _load_draft(self.eagle3.draft, hf_config, dtype)
+        draft, layer_ids = _load_draft(self.eagle3.draft, hf_config, dtype, self.eagle3.layer_ids)
         vocab = draft.config.vocab_size
         with torch.inference_mode():
             table = _input_embeddings(model)(torch.arange(vocab, device=self.device)).detach().clone()
@@ -153,10 +153,11 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._known.discard(rid)
 
 
-def _load_draft(path: str, target_config, dtype):
-    """The draft in any format we read, checked against the target, and its capture ids (ours)."""
+def _load_draft(path: str, target_config, dtype, layer_ids=None):
+    """The draft in any format we read, checked against the target, and its capture ids (ours; ``layer_ids``
+    overrides what the draft records)."""
     fmt, canonical, _ = load_source(path)
-    layer_ids = canonical.layer_ids
+    layer_ids = layer_ids or canonical.layer_ids
     if layer_ids is None:
         layer_ids = settings.sglang_default_layer_ids(target_config.num_hidden_layers)
         logger.warning("eagle3-plugin: the %s draft at %s records no capture ids; using SGLang's default, "
