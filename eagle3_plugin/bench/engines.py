@@ -90,11 +90,12 @@ class VllmEngine:
 
 
 class SglangEngine:
-    """SGLang's real server with our plugin, over HTTP (run ``eagle3 bench`` with SGLang's interpreter): one
-    server without speculation and one with ``--speculative-algorithm EAGLE3`` started from our config, both
-    up for the whole run. ``engine_args`` go to both servers (e.g. ``--device cpu``); the environment is
-    inherited. Acceptance comes from each response's ``meta_info``: verify rounds, accepted drafts, and the
-    histogram of accepted drafts per round (-> per-position acceptance)."""
+    """SGLang's real server with our plugin, over HTTP (run ``eagle3 bench`` with SGLang's interpreter): a server
+    without speculation or one with ``--speculative-algorithm EAGLE3`` started from our config, one at a time
+    (started when first asked for, the other stopped: idle servers still take CPU). ``engine_args`` go to both
+    (e.g. ``--device cpu``); the environment is inherited. Acceptance comes from each response's
+    ``meta_info``: verify rounds, accepted drafts, and the histogram of accepted drafts per round (->
+    per-position acceptance)."""
 
     name = "sglang"
 
@@ -102,32 +103,35 @@ class SglangEngine:
         import dataclasses
         import os
         import tempfile
-
-        from ..sglang.server import SGLangServer
-        self.depth = config.depth
+        self.depth, self.target_dir = config.depth, target_dir
         self._tmp = tempfile.TemporaryDirectory(prefix="eagle3-bench-")
         config_file = os.path.join(self._tmp.name, "eagle3.json")
         dataclasses.replace(config, draft=os.path.abspath(config.draft)).save(config_file)
-        log = os.path.join(self._tmp.name, "{}.log")
-        self._servers = []
-        try:
-            for name, extra in (("plain", []), ("eagle3", ["--speculative-algorithm", "EAGLE3",
-                                                           "--speculative-draft-model-path", config_file])):
-                server = SGLangServer(target_dir, [*engine_args, *extra], log_path=log.format(name))
-                self._servers.append(server.__enter__())
-        except BaseException:
-            self.close()
-            raise
-        self.plain, self.spec = self._servers
+        self._args = {False: list(engine_args),
+                      True: [*engine_args, "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                             config_file]}
+        self._server, self._speculative = None, None
+
+    def _serving(self, speculative: bool):
+        import os
+
+        from ..sglang.server import SGLangServer
+        if self._speculative is not speculative:
+            self._stop()
+            log = os.path.join(self._tmp.name, "eagle3.log" if speculative else "plain.log")
+            self._server = SGLangServer(self.target_dir, self._args[speculative], log_path=log).__enter__()
+            self._speculative = speculative
+        return self._server
 
     def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
                  eos_token_id: Optional[int]) -> EngineOutput:
         import time
+        server = self._serving(speculative)
         params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": eos_token_id is None}
         if temperature > 0:
             params["sampling_seed"] = seed
         start = time.perf_counter()
-        out = (self.spec if speculative else self.plain).generate(prompt, params)
+        out = server.generate(prompt, params)
         seconds = time.perf_counter() - start
         stats = None
         if speculative:
@@ -138,10 +142,13 @@ class SglangEngine:
                                     accepted_per_position=[sum(histogram[d + 1:]) for d in range(self.depth)])
         return EngineOutput(list(out["output_ids"]), seconds, stats)
 
+    def _stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        self._server, self._speculative = None, None
+
     def close(self) -> None:
-        for server in self._servers:
-            server.stop()
-        self._servers = []
+        self._stop()
         self._tmp.cleanup()
 
 

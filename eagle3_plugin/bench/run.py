@@ -68,17 +68,17 @@ def bench(args: BenchArgs) -> dict:
         raise Eagle3Error("--engine-args is for --engine sglang (extra arguments for its servers)")
     engine = open_engine(args.engine, args.target, config, args.engine_args)
     try:
-        for speculative in (False, True):  # warm-up, untimed
-            engine.generate(prompts[0][:8], 4, args.temperature, speculative, args.seed, None)
-        results = []
-        for i, (record, prompt) in enumerate(tqdm(list(zip(records, prompts)), desc=f"bench {args.engine}",
-                                                  unit="prompt", file=sys.stderr)):
-            base = engine.generate(prompt, args.max_new_tokens, args.temperature, False, args.seed + i,
-                                   tokenizer.eos_token_id)
-            spec = engine.generate(prompt, args.max_new_tokens, args.temperature, True, args.seed + i,
-                                   tokenizer.eos_token_id)
-            results.append(PromptResult(record.category, spec.tokens, base.tokens, spec.seconds, base.seconds,
-                                        spec.stats))
+        outputs = {}  # all prompts without speculation, then all with it (an engine may hold one mode at a time)
+        with tqdm(total=2 * len(prompts), desc=f"bench {args.engine}", unit="generation", file=sys.stderr) as bar:
+            for speculative in (False, True):
+                engine.generate(prompts[0][:8], 4, args.temperature, speculative, args.seed, None)  # warm-up
+                for i, prompt in enumerate(prompts):
+                    outputs[speculative, i] = engine.generate(prompt, args.max_new_tokens, args.temperature,
+                                                              speculative, args.seed + i, tokenizer.eos_token_id)
+                    bar.update()
+        results = [PromptResult(record.category, outputs[True, i].tokens, outputs[False, i].tokens,
+                                outputs[True, i].seconds, outputs[False, i].seconds, outputs[True, i].stats)
+                   for i, record in enumerate(records)]
     finally:
         engine.close()
     settings = {"depth": config.depth, "top_k": config.top_k, "total_tokens": config.total_tokens,
