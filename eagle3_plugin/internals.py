@@ -27,3 +27,9 @@ def internal_problems(required: tuple[Internal, ...]) -> list[str]:
             if missing:
                 problems.append(f"{where} lacks parameter(s) {', '.join(missing)}")
     return problems
+
+
+def engine_problems(engine: str, version: str, supported: tuple[str, ...], required: tuple[Internal, ...]) -> list[str]:
+    """The version check and :func:`internal_problems`, as one list (empty: the plugin may patch)."""
+    problems = [] if version in supported else [f"{engine} {version} is not supported (supported: {', '.join(supported)})"]
+    return problems + internal_problems(required)

@@ -6,7 +6,7 @@ An unsupported version, or a supported one whose internals differ from what we p
 
 from __future__ import annotations
 
-from ..internals import internal_problems
+from ..internals import engine_problems
 
 SUPPORTED_VERSIONS = ("0.32.0",)
 
@@ -56,9 +56,7 @@ def vllm_version() -> str:
 def check_vllm() -> str:
     """Return the vLLM version after checking it and every internal in :data:`REQUIRED_INTERNALS`."""
     version = vllm_version()
-    problems = [] if version in SUPPORTED_VERSIONS else [
-        f"vLLM {version} is not supported (supported: {', '.join(SUPPORTED_VERSIONS)})"]
-    problems += internal_problems(REQUIRED_INTERNALS)
+    problems = engine_problems("vLLM", version, SUPPORTED_VERSIONS, REQUIRED_INTERNALS)
     if problems:
         raise UnsupportedVllm("eagle3-plugin cannot run on this vLLM: " + "; ".join(problems))
     return version

@@ -4,7 +4,6 @@ the reference generator's (which captures from transformers' hidden states), rou
 
 import subprocess
 
-import pytest
 from transformers import AutoTokenizer
 
 from bundled import HELDOUT

@@ -20,9 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bundled import DRAFT, HELDOUT, TARGET
 from eagle3_plugin.convert import convert
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
-from eagle3_plugin.sampler import SamplingParams, target_probs
 from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, server
-from stats_util import chi_square_pvalue
+from stats_util import chi_square_pvalue, exact_second_token
 
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
 N = 3000
@@ -48,23 +47,11 @@ def second_tokens(srv, prompt, temperature, top_p, n=N) -> torch.Tensor:
     return torch.tensor([o["output_ids"][1] for o in out])
 
 
-def exact_second_token(prompt, temperature, top_p) -> torch.Tensor:
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
-    with torch.no_grad():
-        p1 = target_probs(target(torch.tensor([prompt])).logits[:, -1],
-                          SamplingParams.uniform(1, temperature=temperature, top_p=top_p))[0]
-        support = torch.nonzero(p1 > 1e-7).flatten()
-        seqs = torch.tensor([prompt + [int(t)] for t in support])
-        p2 = target_probs(target(seqs).logits[:, -1], SamplingParams.uniform(len(seqs), temperature=temperature,
-                                                                             top_p=top_p))
-    return (p1[support, None] * p2).sum(0)
-
-
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
 def test_sampling_through_the_plugin_has_the_target_distribution(ours, prompts, temperature, top_p):
     prompt = prompts[3]
     seen = second_tokens(ours, prompt, temperature, top_p)
-    assert chi_square_pvalue(seen, exact_second_token(prompt, temperature, top_p)) > 1e-3
+    assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, temperature, top_p)) > 1e-3
 
 
 def test_stock_sglang_cpu_fails_the_same_test(prompts, tmp_path):
@@ -74,7 +61,7 @@ def test_stock_sglang_cpu_fails_the_same_test(prompts, tmp_path):
     args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft, *TREE]
     with server(TARGET, args, str(tmp_path / "stock.log"), plugins=STOCK_PLUGINS) as stock:
         seen = second_tokens(stock, prompt, 1.0, 1.0, n=1000)
-    assert chi_square_pvalue(seen, exact_second_token(prompt, 1.0, 1.0)) < 1e-6
+    assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, 1.0, 1.0)) < 1e-6
 
 
 def test_concurrent_requests_complete_and_greedy_ones_equal_plain_decoding(ours, prompts):

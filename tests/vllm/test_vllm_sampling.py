@@ -9,14 +9,13 @@ uninitialised temperatures (see eagle3_plugin/vllm/cpu_sampling.py) and must fai
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from bundled import DRAFT, HELDOUT, TARGET
 from vllm_support import run_llm
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
-from eagle3_plugin.sampler import SamplingParams, target_probs
-from stats_util import chi_square_pvalue
+from stats_util import chi_square_pvalue, exact_second_token
 
 N = 3000
 
@@ -24,18 +23,6 @@ N = 3000
 @pytest.fixture(scope="module")
 def prompt():
     return encode_prompt(AutoTokenizer.from_pretrained(TARGET), read_prompts(HELDOUT)[3].prompt)
-
-
-def exact_second_token(prompt, temperature, top_p) -> torch.Tensor:
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
-    with torch.no_grad():
-        p1 = target_probs(target(torch.tensor([prompt])).logits[:, -1],
-                          SamplingParams.uniform(1, temperature=temperature, top_p=top_p))[0]
-        support = torch.nonzero(p1 > 1e-7).flatten()
-        seqs = torch.tensor([prompt + [int(t)] for t in support])
-        p2 = target_probs(target(seqs).logits[:, -1], SamplingParams.uniform(len(seqs), temperature=temperature,
-                                                                             top_p=top_p))
-    return (p1[support, None] * p2).sum(0)
 
 
 TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=3, top_k=4, total_tokens=10)
@@ -51,11 +38,11 @@ def test_speculative_sampling_matches_the_target_with_the_plugin(prompt, worker,
     out = run_llm(spec)
     assert out["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0
     second = [t[1] for t in out["tokens"]]
-    assert chi_square_pvalue(torch.tensor(second), exact_second_token(prompt, temperature, top_p)) > 1e-3
+    assert chi_square_pvalue(torch.tensor(second), exact_second_token(TARGET, prompt, temperature, top_p)) > 1e-3
 
 
 def test_stock_vllm_cpu_fails_the_same_test(prompt):
     spec = dict(target=TARGET, draft=DRAFT, prompts=[prompt] * N, temperature=1.0, max_tokens=2)
     out = run_llm(spec, plugins="")
     second = [t[1] for t in out["tokens"]]
-    assert chi_square_pvalue(torch.tensor(second), exact_second_token(prompt, 1.0, 1.0)) < 1e-6
+    assert chi_square_pvalue(torch.tensor(second), exact_second_token(TARGET, prompt, 1.0, 1.0)) < 1e-6
