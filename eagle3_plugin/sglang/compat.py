@@ -37,6 +37,8 @@ REQUIRED_INTERNALS = (
     ("sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation", ("batch", "capture_hidden_mode")),
     (f"{_SPEC}.eagle_utils", "_eagle_prefill_tail_tokens", ("batch", "next_token_ids")),
     (f"{_SPEC}.eagle_utils", "default_tree_mask_mode", ()),
+    (f"{_SPEC}.eagle_utils", "TreeMaskMode.QLEN_ONLY", None),
+    ("sglang.srt.runtime_context", "get_spec", ()),
     (f"{_SPEC}.eagle_utils", "eagle_sample", ("verify_input", "batch", "logits_output", "grammar_mask")),
     (f"{_SPEC}.eagle_worker_common", "run_eagle_verify", ("batch", "topk", "num_draft_tokens")),
     (f"{_SPEC}.eagle_info", "EagleVerifyInput",

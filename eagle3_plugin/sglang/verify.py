@@ -24,7 +24,6 @@ from ..sampler import SamplingParams, Verdict, verify_tree
 from ..tree import DraftTree
 
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
-from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
 
 
 @dataclass
@@ -59,9 +58,8 @@ class TreeVerifyInput(EagleVerifyInput):
 
 def build_verify_input(trees: list[DraftTree], seq_lens: torch.Tensor, *, params, generators, method: str,
                        vocab_size: int, num_steps: int, topk: int, num_draft_tokens: int) -> TreeVerifyInput:
-    """One tree per request (all with ``num_draft_tokens`` nodes); ``seq_lens``: committed length per request."""
-    if default_tree_mask_mode() != TreeMaskMode.QLEN_ONLY:
-        raise NotImplementedError("eagle3-plugin's SGLang worker builds CPU (QLEN_ONLY) tree masks only")
+    """One tree per request (all with ``num_draft_tokens`` nodes); ``seq_lens``: committed length per request.
+    The mask is in SGLang's CPU layout (the worker refuses other devices at start-up)."""
     sizes = {tree.size for tree in trees}
     if sizes != {num_draft_tokens}:
         raise RuntimeError(f"draft trees have {sorted(sizes)} nodes, SGLang verifies {num_draft_tokens}")

@@ -31,7 +31,7 @@ from .verify import build_verify_input
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+from sglang.srt.speculative.eagle_utils import TreeMaskMode, _eagle_prefill_tail_tokens, default_tree_mask_mode
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             return
         if (server_args.tp_size, server_args.pp_size, server_args.dp_size) != (1, 1, 1):
             raise NotImplementedError("eagle3-plugin's SGLang worker runs with tp, pp and dp size 1")
+        if default_tree_mask_mode() != TreeMaskMode.QLEN_ONLY:
+            raise NotImplementedError("eagle3-plugin's SGLang worker builds CPU (QLEN_ONLY) tree masks only: "
+                                      "serve with --device cpu, or without the plugin (SGLANG_PLUGINS)")
         spec = get_spec()
         if self.topk == 1 and self.speculative_num_draft_tokens != self.speculative_num_steps + 1:
             raise ValueError("a chain (--speculative-eagle-topk 1) verifies --speculative-num-steps + 1 tokens; "
