@@ -5,6 +5,7 @@
   the server's generations by chi-square (alpha = 1e-3). Stock SGLang verifies greedily on CPU whatever the
   temperature (``eagle_utils._verify_uses_greedy``) and fails the same test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
+- Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
 - Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving.
 - An unsupported SGLang version stops the plugin with one clear error.
 """
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bundled import DRAFT, HELDOUT, TARGET
 from eagle3_plugin.convert import convert
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.sglang.server import post_json
 from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, server
 from stats_util import chi_square_pvalue, exact_second_token
 
@@ -47,14 +49,8 @@ def second_tokens(srv, prompt, temperature, top_p, n=N) -> torch.Tensor:
     return torch.tensor([o["output_ids"][1] for o in out])
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
-def test_sampling_through_the_plugin_has_the_target_distribution(ours, prompts, temperature, top_p):
-    prompt = prompts[3]
-    seen = second_tokens(ours, prompt, temperature, top_p)
-    assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, temperature, top_p)) > 1e-3
-
-
-def test_stock_sglang_cpu_fails_the_same_test(prompts, tmp_path):
+def test_stock_sglang_cpu_fails_the_sampling_test(prompts, tmp_path):
+    # first in the module: an idle SGLang server still takes CPU, so ours is not up yet
     prompt = prompts[3]
     draft = str(tmp_path / "draft-sglang")  # stock SGLang reads capture ids only from its own layout
     convert(DRAFT, "sglang", draft, target=TARGET)
@@ -62,6 +58,13 @@ def test_stock_sglang_cpu_fails_the_same_test(prompts, tmp_path):
     with server(TARGET, args, str(tmp_path / "stock.log"), plugins=STOCK_PLUGINS) as stock:
         seen = second_tokens(stock, prompt, 1.0, 1.0, n=1000)
     assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, 1.0, 1.0)) < 1e-6
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
+def test_sampling_through_the_plugin_has_the_target_distribution(ours, prompts, temperature, top_p):
+    prompt = prompts[3]
+    seen = second_tokens(ours, prompt, temperature, top_p)
+    assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, temperature, top_p)) > 1e-3
 
 
 def test_concurrent_requests_complete_and_greedy_ones_equal_plain_decoding(ours, prompts):
@@ -79,6 +82,14 @@ def test_concurrent_requests_complete_and_greedy_ones_equal_plain_decoding(ours,
         with torch.no_grad():
             plain = target.generate(torch.tensor([prompts[i]]), max_new_tokens=40, do_sample=False, eos_token_id=None)
         assert outs[i]["output_ids"] == plain[0, len(prompts[i]):].tolist(), i
+
+
+def test_logprobs_of_speculated_tokens_are_returned(ours, prompts):
+    out = post_json(ours.url + "/generate", {"input_ids": prompts[1], "return_logprob": True,
+                                             "sampling_params": {"max_new_tokens": 24, "temperature": 0}})
+    logprobs = out["meta_info"]["output_token_logprobs"]  # (logprob, token id, text) per generated token
+    assert [entry[1] for entry in logprobs] == out["output_ids"] and len(logprobs) == 24
+    assert all(entry[0] <= 0 for entry in logprobs) and out["meta_info"]["spec_verify_ct"] < 24
 
 
 @pytest.mark.parametrize("setting", [{"frequency_penalty": 0.5}, {"min_p": 0.1}, {"regex": "[a-z]+"}])
