@@ -17,14 +17,14 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .layers import validate_layer_ids
+
 WriteFn = Callable[[torch.Tensor], None]
 AttachFn = Callable[[nn.Module, WriteFn], RemovableHandle]
 
 
 class UnsupportedTarget(RuntimeError):
     """The target's decoder layers do not expose their residual stream in a way we can read safely."""
-
-from .layers import validate_layer_ids
 
 
 def decoder_layers(model: nn.Module, num_layers: int | None = None) -> nn.ModuleList:

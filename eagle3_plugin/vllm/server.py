@@ -11,20 +11,13 @@ import http.client
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+from ..serving import ServerProcess, free_port
+
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -39,34 +32,8 @@ def running_server(model: str, args: list[str], log_path: str, startup_timeout: 
     cmd = [sys.executable, "-m", "eagle3_plugin.vllm.serve", model, "--host", "127.0.0.1", "--port", str(port),
            "--shutdown-timeout", "30", *args]  # drain on SIGTERM instead of aborting the engine
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while not _healthy(port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode} during start-up; see {log_path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not healthy after {startup_timeout:.0f} s; see {log_path}")
-            time.sleep(1.0)
+    with ServerProcess(cmd, port, log_path, env=env, start_timeout=startup_timeout, name="vLLM server"):
         yield "127.0.0.1", port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _healthy(port: int) -> bool:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
 
 
 @dataclass
