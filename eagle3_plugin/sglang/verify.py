@@ -65,15 +65,13 @@ def build_verify_input(trees: list[DraftTree], seq_lens: torch.Tensor, *, params
         raise RuntimeError(f"draft trees have {sorted(sizes)} nodes, SGLang verifies {num_draft_tokens}")
     bs, n = len(trees), num_draft_tokens
     device = seq_lens.device
-    tokens = torch.cat([t.tokens for t in trees]).to(device)
-    depths = torch.cat([t.depths for t in trees]).to(device)
-    parents = torch.cat([t.parents for t in trees]).to(device)
-    mask = torch.cat([t.ancestor_mask() for t in trees]).to(device)
-    next_token, next_sibling = _links(parents)
+    batch = DraftTree(*(torch.cat([getattr(t, name) for t in trees]).to(device)
+                        for name in ("tokens", "parents", "depths")))
+    next_token, next_sibling = _links(batch)
     return TreeVerifyInput(
-        draft_token=tokens.reshape(-1),
-        custom_mask=mask.reshape(-1),
-        positions=(seq_lens.to(torch.int64)[:, None] + depths).reshape(-1),
+        draft_token=batch.tokens.reshape(-1),
+        custom_mask=batch.ancestor_mask().reshape(-1),
+        positions=(seq_lens.to(torch.int64)[:, None] + batch.depths).reshape(-1),
         retrieve_index=torch.arange(bs * n, device=device).view(bs, n),
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
@@ -88,22 +86,15 @@ def build_verify_input(trees: list[DraftTree], seq_lens: torch.Tensor, *, params
     )
 
 
-def _links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's tree links: each node's first child, and each node's next sibling (index order), -1 if none."""
-    bs, n = parents.shape
-    first_child = torch.full((bs, n), -1, dtype=torch.long)
-    next_sibling = torch.full((bs, n), -1, dtype=torch.long)
-    parent_rows = parents.cpu().tolist()
-    for b, row in enumerate(parent_rows):
-        last_child = {}
-        for i in range(1, n):
-            p = row[i]
-            if p in last_child:
-                next_sibling[b, last_child[p]] = i
-            else:
-                first_child[b, p] = i
-            last_child[p] = i
-    return first_child.to(parents.device), next_sibling.to(parents.device)
+    children = tree.children(tree.max_children())  # [B, N, C], index order, -1 padded
+    following = torch.cat([children[:, :, 1:], torch.full_like(children[:, :, :1], -1)], dim=2)
+    next_sibling = torch.full_like(tree.parents, -1)
+    is_child = children >= 0
+    rows = torch.arange(children.shape[0], device=children.device)[:, None, None].expand_as(children)
+    next_sibling[rows[is_child], children[is_child]] = following[is_child]
+    return children[:, :, 0], next_sibling
 
 
 def eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None, *args, **kwargs):
