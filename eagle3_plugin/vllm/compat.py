@@ -7,6 +7,7 @@ An unsupported version, or a supported one whose internals differ from what we p
 from __future__ import annotations
 
 from ..internals import engine_problems
+from .admission import UNSUPPORTED
 
 SUPPORTED_VERSIONS = ("0.32.0",)
 
@@ -40,6 +41,13 @@ REQUIRED_INTERNALS = (
      ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states", "sample_hidden_states",
       "aux_hidden_states")),
     ("vllm.v1.outputs", "SamplerOutput", ("sampled_token_ids", "logprobs_tensors")),
+    ("vllm.v1.sample.sampler", "Sampler.compute_logprobs", ("logits",)),
+    ("vllm.v1.sample.sampler", "Sampler.gather_logprobs", ("logprobs", "num_logprobs", "token_ids")),
+    # admission: settings the worker does not apply are refused in the front end
+    ("vllm.v1.engine.input_processor", "InputProcessor._validate_params", ("params",)),
+    ("vllm.exceptions", "VLLMValidationError", ("message", "parameter")),
+    ("vllm.sampling_params", "SamplingParams",
+     tuple(attr for attr, _, _ in UNSUPPORTED) + ("structured_outputs", "logprobs")),
     ("vllm.model_executor.layers.attention", "Attention", None),
 )
 

@@ -12,12 +12,13 @@ def register() -> None:
     from .compat import check_vllm
 
     version = check_vllm()
-    from . import capture, cpu_sampling, speculative, tree_attention, tree_runner
+    from . import admission, capture, cpu_sampling, speculative, tree_attention, tree_runner
 
     cpu_sampling.install()
     capture.install()
     speculative.install()
     tree_attention.install()
     tree_runner.install()
-    logger.info("eagle3-plugin registered on vLLM %s: tree worker, CPU speculative-sampling fix, capture for "
+    admission.install()
+    logger.info("eagle3-plugin registered on vLLM %s: tree worker, request admission, CPU speculative-sampling fix, capture for "
                 "any target", version)

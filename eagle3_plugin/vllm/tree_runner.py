@@ -86,6 +86,9 @@ class TreeSpeculationRunner(CPUModelRunner):
                                    "= total_tokens - 1 (pass our config as speculative_config instead)")
             if self.cache_config.enable_prefix_caching or self.use_async_scheduling:
                 raise RuntimeError("eagle3-plugin's tree worker needs prefix caching and async scheduling off")
+            if self.model_config.logprobs_mode not in ("raw_logprobs", "raw_logits"):
+                raise RuntimeError(f"eagle3-plugin's tree worker returns raw logprobs; --logprobs-mode "
+                                   f"{self.model_config.logprobs_mode} is not supported")
 
     # -- model -------------------------------------------------------------------------------------
 
@@ -155,7 +158,9 @@ class TreeSpeculationRunner(CPUModelRunner):
         _check_supported(metadata)
         num_reqs = self.input_batch.num_reqs
         counts = spec_decode_metadata.num_draft_tokens if spec_decode_metadata else [0] * num_reqs
-        out = torch.full((num_reqs, max(counts) + 1), -1, dtype=torch.int32)
+        width = max(counts) + 1
+        out = torch.full((num_reqs, width), -1, dtype=torch.int32)
+        logit_rows = torch.zeros(num_reqs, width, dtype=torch.long)  # the logits row each emitted token came from
         first = 0
         for row, step in enumerate(self._rows):
             n = counts[row] + 1
@@ -165,13 +170,27 @@ class TreeSpeculationRunner(CPUModelRunner):
             generator = metadata.generators.get(row, self._generator)
             if step.tree is None:
                 step.emitted = sample_tokens(row_logits[-1:], params, generator).tolist()
+                logit_rows[row, 0] = first - 1
             else:
                 step.verdict = verify_tree(step.tree, row_logits[None], params, self.eagle3.tree_sampler, generator)
                 step.emitted = step.verdict.output_tokens(step.tree)[0]
-                self._compact(step.start, step.verdict.accepted[0, :int(step.verdict.num_accepted[0]) + 1])
+                path = step.verdict.accepted[0, :int(step.verdict.num_accepted[0]) + 1]
+                logit_rows[row, :path.shape[0]] = first - n + path
+                self._compact(step.start, path)
             out[row, :len(step.emitted)] = torch.tensor(step.emitted, dtype=torch.int32)
+        logprobs = None
+        if metadata.max_num_logprobs is not None:
+            logprobs = self._logprobs(logits, logit_rows, out, metadata.max_num_logprobs)
         self.timings.verify += time.perf_counter() - began
-        return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
+        return SamplerOutput(sampled_token_ids=out, logprobs_tensors=logprobs)
+
+    def _logprobs(self, logits, logit_rows, tokens, num_logprobs: int):
+        """vLLM's logprobs tensors for the emitted tokens (row-major over ``tokens [num_reqs, width]``, -1 padded),
+        each from the target's raw logits at the node that predicted it (vLLM's default ``raw_logprobs``)."""
+        rows = logits[logit_rows.flatten().to(logits.device)].float()
+        values = rows if self.sampler.logprobs_mode == "raw_logits" else self.sampler.compute_logprobs(rows)
+        k = num_logprobs if num_logprobs >= 0 else values.shape[-1]
+        return self.sampler.gather_logprobs(values, k, tokens.flatten().clamp(min=0).long().to(values.device))
 
     def _compact(self, start: int, path: torch.Tensor) -> None:
         """Move the accepted path's target KV (tree slots ``start + node``) to ``start + depth``. The slot
@@ -236,10 +255,9 @@ def _params(metadata, row: int, device) -> SamplingParams:
 
 
 def _check_supported(metadata) -> None:
-    """Settings our sampler does not apply are refused, never ignored."""
+    """Settings our sampler does not apply never reach it: :mod:`.admission` refuses them (HTTP 400). Here, one
+    arriving anyway is our bug, and stops the engine rather than being ignored."""
     unsupported = []
-    if metadata.max_num_logprobs is not None:
-        unsupported.append("logprobs")
     if not metadata.no_penalties:
         unsupported.append("presence/frequency/repetition penalties")
     if metadata.allowed_token_ids_mask is not None:

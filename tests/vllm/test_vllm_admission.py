@@ -1,0 +1,87 @@
+"""What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings
+the worker honours come back right (logprobs of the emitted tokens equal the target's own log-probabilities;
+n, stop, seed work), settings it cannot honour get HTTP 400, and every later request is still served."""
+
+import json
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import DRAFT, HELDOUT, TARGET
+from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.vllm.server import running_server
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    work = tmp_path_factory.mktemp("admission")
+    config = work / "eagle3.json"
+    config.write_text(json.dumps({"draft": DRAFT, "layer_ids": [1, 3, 5], "mode": "tree", "depth": 5, "top_k": 8,
+                                  "total_tokens": 32}))
+    args = ["--speculative-config", str(config), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
+    with running_server(TARGET, args, str(work / "server.log")) as (host, port):
+        yield openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return read_prompts(HELDOUT)[0].prompt
+
+
+def complete(client, prompt, temperature=0.0, **kw):
+    return client.completions.create(model=TARGET, prompt=prompt, max_tokens=MAX_TOKENS, temperature=temperature, **kw)
+
+
+def test_logprobs_are_the_targets(client, prompt):
+    out = complete(client, prompt, logprobs=3).choices[0]
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
+    ids = encode_prompt(tok, prompt)
+    with torch.no_grad():
+        gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                              pad_token_id=2, eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+    want = torch.log_softmax(torch.cat(gen.logits).float(), dim=-1)
+    new = gen.sequences[0, len(ids):]
+    assert out.text == tok.decode(new, skip_special_tokens=True)
+    got = out.logprobs.token_logprobs
+    assert len(got) == MAX_TOKENS  # one per emitted token, accepted drafts and bonus tokens alike
+    assert got == pytest.approx(want[torch.arange(MAX_TOKENS), new].tolist(), abs=1e-3)
+    for position, top in enumerate(out.logprobs.top_logprobs):
+        assert len(top) >= 3
+        best = sorted(top.values(), reverse=True)[:3]
+        assert best == pytest.approx(want[position].topk(3).values.tolist(), abs=1e-3)
+
+
+REFUSED = {
+    "presence_penalty": dict(presence_penalty=0.5),
+    "frequency_penalty": dict(frequency_penalty=0.5),
+    "repetition_penalty": dict(extra_body={"repetition_penalty": 1.2}),
+    "min_p": dict(temperature=1.0, extra_body={"min_p": 0.1}),  # greedy requests drop min_p
+    "min_tokens": dict(extra_body={"min_tokens": 4}),
+    "logit_bias": dict(logit_bias={"17": 5}),
+    "allowed_token_ids": dict(extra_body={"allowed_token_ids": [5, 6, 7]}),
+    "bad_words": dict(extra_body={"bad_words": ["def"]}),
+    "structured output": dict(extra_body={"structured_outputs": {"regex": "[a-z]+"}}),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(REFUSED))
+def test_unsupported_settings_get_400_and_the_server_keeps_serving(client, prompt, setting):
+    with pytest.raises(openai.BadRequestError, match="not (yet )?supported|does not support"):  # ours or vLLM's
+        complete(client, prompt, **REFUSED[setting])
+    assert complete(client, prompt).usage.completion_tokens == MAX_TOKENS
+
+
+def test_n_stop_and_seed(client, prompt):
+    plain = complete(client, prompt).choices[0].text
+    two = complete(client, prompt, n=2, temperature=1.0).choices  # vLLM allows n > 1 only when sampling
+    assert len(two) == 2 and all(c.finish_reason == "length" for c in two)
+    cut = plain[5:9]
+    stopped = complete(client, prompt, stop=[cut]).choices[0]
+    assert stopped.finish_reason == "stop" and plain.startswith(stopped.text) and cut not in stopped.text
+    seeded = [complete(client, prompt, temperature=1.0, seed=7).choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
