@@ -64,6 +64,9 @@ def _add_bench(sub) -> None:
     shape.add_argument("--tree", type=_int_triple, metavar="DEPTH,TOPK,TOTAL",
                        help="dynamic tree: DEPTH draft levels, TOPK children, TOTAL tokens verified incl. root")
     p.add_argument("--tree-sampler", choices=("real", "one_hot"))
+    p.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
+                   help="fixed: always the tree above (default, what a regression check compares); auto: per step, "
+                        "the shape the load pays for (vllm)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-args", type=shlex.split, default=(), metavar="'ARGS'",
                    help="extra server arguments for --engine sglang, e.g. '--device cpu --dtype float32'")

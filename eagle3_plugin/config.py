@@ -9,7 +9,9 @@ Example::
       "depth": 5,                    # draft levels: the most draft tokens one round can accept
       "top_k": 8,                    # children per expanded node (chain: 1)
       "total_tokens": 32,            # tokens verified per round, root included (chain: depth + 1)
-      "tree_sampler": "real"         # T>0 verification: "real" draft probabilities or "one_hot" (EAGLE/SGLang)
+      "tree_sampler": "real",        # T>0 verification: "real" draft probabilities or "one_hot" (EAGLE/SGLang)
+      "budget": "auto"               # "auto": per step, the tree shape the load pays for (tree, chain or none);
+                                     # "fixed": always the tree above
     }
 
 EAGLE's ``topK_genrate(depth=d, top_k=k, total_token=t)`` is ``depth=d+1, top_k=k, total_tokens=t+1``;
@@ -30,6 +32,7 @@ from .fsutil import read_json_object
 
 MODES = ("chain", "tree")
 TREE_SAMPLERS = ("real", "one_hot")
+BUDGETS = ("auto", "fixed")
 CONFIG_FILENAME = "eagle3.json"
 
 
@@ -42,6 +45,7 @@ class Eagle3Config:
     top_k: int = 8
     total_tokens: int = 32
     tree_sampler: Literal["real", "one_hot"] = "real"
+    budget: Literal["auto", "fixed"] = "auto"
 
     def __post_init__(self):
         _check(isinstance(self.draft, str) and self.draft, "draft", "a non-empty path string", self.draft)
@@ -53,6 +57,7 @@ class Eagle3Config:
             object.__setattr__(self, "layer_ids", tuple(self.layer_ids))
         _check(self.mode in MODES, "mode", f"one of {MODES}", self.mode)
         _check(self.tree_sampler in TREE_SAMPLERS, "tree_sampler", f"one of {TREE_SAMPLERS}", self.tree_sampler)
+        _check(self.budget in BUDGETS, "budget", f"one of {BUDGETS}", self.budget)
         for key in ("depth", "top_k", "total_tokens"):
             value = getattr(self, key)
             _check(_is_int(value) and value >= 1, key, "a positive integer", value)

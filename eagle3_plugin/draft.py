@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv import additive_mask
 
 
 @dataclass(frozen=True)
@@ -93,47 +92,117 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        """Normalised in float32, scaled in the input's dtype (as Llama does)."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama rotary embedding (rotate-half layout) of ``x [B, H, Q, D]`` at ``positions [B, Q]``."""
+class Rotary:
+    """Llama rotary embedding (rotate-half layout); cos/sin tables per device, grown when a position needs it."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int):
+        self.head_dim, self.theta, self.size = head_dim, theta, max_positions
+        self._tables: dict = {}
+
+    def reserve(self, positions: int) -> None:
+        """Make room for positions ``0 .. positions - 1`` (an engine's longest sequence) ahead of use."""
+        if positions > self.size:
+            self.size, self._tables = positions, {}
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` ``[B, 1, Q, D]`` (float32) at ``positions [B, Q]``."""
+        tables = self._tables.get(positions.device)
+        if tables is None:
+            d = self.head_dim
+            inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
+            angles = torch.arange(self.size, device=positions.device, dtype=torch.float32)[:, None] * inv_freq
+            angles = torch.cat([angles, angles], -1)
+            tables = self._tables[positions.device] = (angles.cos(), angles.sin())
+        cos, sin = tables
+        return cos[positions][:, None], sin[positions][:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [B, H, Q, D]`` by the tables of :meth:`Rotary.tables`."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    angles = positions[:, None, :, None].float() * inv_freq
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    rotated = torch.cat([-x2, x1], dim=-1)
+    rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+    if x.dtype == torch.float32:
+        return x * cos + rotated * sin
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+# attention(q [B, Hq, Q, D], k [B, Hkv, Q, D], v) -> [B, Hq, Q, D]: where the keys live is the caller's business
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Softmax attention of ``q [B, Hq, Q, D]`` over ``keys/values [B, Hkv, L, D]`` where ``allowed [B, Q, L]``
+    (every query must see at least one key). Grouped-query heads share their key head without copying it."""
+    b, hq, q_len, d = q.shape
+    hkv, length = keys.shape[1], keys.shape[2]
+    groups = hq // hkv
+    mask = allowed[:, None, None].expand(b, 1, groups, q_len, length).reshape(b, 1, groups * q_len, length)
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, groups * q_len, d), keys, values, attn_mask=mask,
+                                         scale=scale)
+    return out.view(b, hq, q_len, d)
+
+
+class ConcatAttention:
+    """Attention over ``keys/values [B, Hkv, K, D]`` seen so far plus each call's new ones, which it keeps
+    (training and simple callers); ``allowed [B, Q, K + Q]`` (causal over the new tokens when None)."""
+
+    def __init__(self, allowed=None, keys=None, values=None, scale: float = 1.0):
+        self.allowed, self.keys, self.values, self.scale = allowed, keys, values, scale
+
+    def __call__(self, q, k, v):
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=2)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=2)
+        allowed = self.allowed
+        if allowed is None:
+            q_len, total = q.shape[2], self.keys.shape[2]
+            allowed = torch.ones(q_len, total, dtype=torch.bool, device=q.device).tril(total - q_len)
+            allowed = allowed.expand(q.shape[0], -1, -1)
+        return grouped_attention(q, self.keys, self.values, allowed, self.scale)
 
 
 class DraftAttention(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
         self.c = c
+        self.scale = 1.0 / math.sqrt(c.head_dim)
         self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.rotary = Rotary(c.head_dim, c.rope_theta, c.max_position_embeddings)
+        self.qkv = _FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(self, x, positions, past_keys, past_values, allowed):
-        """``allowed [B, Q, K_past + Q]``: which of past-then-new keys each query sees."""
-        b, q_len, _ = x.shape
+    def forward(self, x, positions, attention: AttentionFn, queries: Optional[torch.Tensor] = None):
+        """Keys and values of every token of ``x [B, Q, 2H]``; queries of all of them, or of ``queries [B, Qq]``
+        (indices into Q) only. Returns ``[B, Q or Qq, H]``."""
+        q, k, v = self.qkv(x)
+        if queries is not None:
+            q = q.gather(1, queries[..., None].expand(-1, -1, q.shape[-1]))
+        return self.o_proj(attention(*self._heads(q, k, v, positions, queries)).transpose(1, 2).flatten(2))
+
+    def keys_values(self, x, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """Only the keys and values of ``x [B, Q, 2H]``, each ``[B, Hkv, Q, D]``."""
+        _, k, v = self.qkv(x)
+        return self._heads(None, k, v, positions, None)[1:]
+
+    def _heads(self, q, k, v, positions, queries):
         c = self.c
-        q = self.q_proj(x).view(b, q_len, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, q_len, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, q_len, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta)
-        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
-        values = v if past_values is None else torch.cat([past_values, v], dim=2)
-        groups = c.num_attention_heads // c.num_key_value_heads
-        out = F.scaled_dot_product_attention(
-            q, keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1),
-            attn_mask=additive_mask(allowed, q.dtype), scale=1.0 / math.sqrt(c.head_dim))
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1)), k, v
+        b, q_len = k.shape[:2]
+        k = k.view(b, q_len, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = v.view(b, q_len, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        cos, sin = self.rotary.tables(positions)
+        if q is not None:
+            q = q.view(b, q.shape[1], c.num_attention_heads, c.head_dim).transpose(1, 2)
+            q = apply_rope(q, cos, sin) if queries is None else apply_rope(
+                q, *self.rotary.tables(positions.gather(1, queries)))
+        return q, apply_rope(k, cos, sin), v
 
 
 class DraftMLP(nn.Module):
@@ -142,9 +211,30 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up = _FusedLinear(self.gate_proj, self.up_proj)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class _FusedLinear:
+    """Several bias-free linears over one input as one matmul when no gradient is needed (inference); the separate
+    layers (official weight names, what training updates) otherwise. The fused weight is rebuilt whenever a part
+    changes (tracked by tensor versions)."""
+
+    def __init__(self, *parts: nn.Linear):
+        self.__dict__["parts"] = parts  # plain attribute: not a submodule, not in state_dict
+        self._weight, self._versions = None, None
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if torch.is_grad_enabled():
+            return [part(x) for part in self.parts]
+        versions = [(part.weight.data_ptr(), part.weight._version) for part in self.parts]
+        if versions != self._versions:
+            self._weight = torch.cat([part.weight for part in self.parts]).detach()
+            self._versions = versions
+        return list(torch.split(F.linear(x, self._weight), [part.out_features for part in self.parts], dim=-1))
 
 
 class DraftLayer(nn.Module):
@@ -158,12 +248,15 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(c)
         self.mlp = DraftMLP(c)
 
-    def forward(self, embeds, hidden, positions, past_keys, past_values, allowed):
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        attn, k, v = self.self_attn(x, positions, past_keys, past_values, allowed)
-        hidden = hidden + attn
-        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return hidden, k, v
+    def forward(self, embeds, hidden, positions, attention: AttentionFn, queries: Optional[torch.Tensor] = None):
+        x = self.attention_input(embeds, hidden)
+        if queries is not None:
+            hidden = hidden.gather(1, queries[..., None].expand(-1, -1, hidden.shape[-1]))
+        hidden = hidden + self.self_attn(x, positions, attention, queries)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def attention_input(self, embeds, hidden):
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
 
 
 class Eagle3Draft(nn.Module):
@@ -197,22 +290,33 @@ class Eagle3Draft(nn.Module):
         """Target features ``[.., 3 * H_target]`` -> draft hidden ``[.., H]``."""
         return self.fc(features)
 
-    def forward(self, input_ids, hidden, positions, past_keys=None, past_values=None, allowed=None):
-        """One draft step over ``Q`` query tokens per row.
+    def forward(self, input_ids, hidden, positions, attention: Optional[AttentionFn] = None,
+                queries: Optional[torch.Tensor] = None):
+        """One draft step over ``Q`` tokens per row: ``input_ids [B, Q]`` (target vocab), ``hidden [B, Q, H]``
+        (``fuse``d features or previous draft outputs), ``positions [B, Q]``; ``attention`` keeps and attends
+        the keys (default: causal over these tokens alone, :class:`ConcatAttention`). Every token's key and value
+        reach ``attention``; the queries are all tokens, or ``queries [B, Qq]`` (indices into Q) only. Returns the
+        pre-norm output of the queries, ``[B, Q or Qq, H]``, the next step's ``hidden``."""
+        attention = attention or ConcatAttention(scale=self.attention_scale)
+        return self.midlayer(self._embedded(input_ids), hidden, positions, attention, queries)
 
-        ``input_ids [B, Q]`` (target vocab), ``hidden [B, Q, H]`` (``fuse``d features or previous draft
-        outputs), ``positions [B, Q]``, optional past ``keys/values [B, H_kv, K, D]``, and
-        ``allowed [B, Q, K + Q]`` (causal over the new tokens when omitted). Returns the pre-norm
-        output ``[B, Q, H]`` (the next step's ``hidden``) and the new keys and values.
-        """
+    def keys_values(self, input_ids, hidden, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`forward` would give ``attention`` as keys and values (``[B, Hkv, Q, D]`` each), alone."""
+        layer = self.midlayer
+        return layer.self_attn.keys_values(layer.attention_input(self._embedded(input_ids), hidden), positions)
+
+    def _embedded(self, input_ids):
         if self._embed is None:
             raise RuntimeError("attach the target's embedding first (Eagle3Draft.attach_embedding)")
-        if allowed is None:
-            q_len = input_ids.shape[1]
-            past = 0 if past_keys is None else past_keys.shape[2]
-            causal = torch.ones(q_len, past + q_len, dtype=torch.bool, device=input_ids.device).tril(past)
-            allowed = causal.expand(input_ids.shape[0], -1, -1)
-        return self.midlayer(self._embed(input_ids), hidden, positions, past_keys, past_values, allowed)
+        return self._embed(input_ids)
+
+    @property
+    def attention_scale(self) -> float:
+        return self.midlayer.self_attn.scale
+
+    def reserve_positions(self, positions: int) -> None:
+        """Rotary tables for positions ``0 .. positions - 1`` (the longest sequence the engine serves)."""
+        self.midlayer.self_attn.rotary.reserve(positions)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of the pre-norm output."""

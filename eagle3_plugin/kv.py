@@ -1,9 +1,9 @@
-"""Batched KV caches with ragged rows: a key-validity mask per slot and right-aligned compaction.
+"""The reference generator's target cache with ragged rows: a key-validity mask per slot and right-aligned compaction.
 
-Rows of a batch hold different numbers of tokens. Every cache here is a set of per-layer tensors
-``[B, H_kv, L, D]`` plus ``valid [B, L]``; a forward appends the same number of slots to every row
-(padding slots are simply marked invalid), and :func:`compaction_index` later keeps only the slots a
-row still needs, right-aligned so each row's tokens stay contiguous and in order.
+Rows of a batch hold different numbers of tokens. The cache is a set of per-layer tensors ``[B, H_kv, L, D]``
+plus ``valid [B, L]``; a forward appends the same number of slots to every row (padding slots are simply marked
+invalid), and :func:`compaction_index` later keeps only the slots a row still needs, right-aligned so each
+row's tokens stay contiguous and in order.
 """
 
 from __future__ import annotations
@@ -36,30 +36,3 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
-
-
-class DraftKVCache:
-    """The draft decoder's single-layer cache: ``keys``/``values [B, H_kv, L, D]`` and ``valid [B, L]``."""
-
-    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, dtype, device=None):
-        self.keys = torch.zeros(batch_size, num_kv_heads, 0, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
-
-    @property
-    def length(self) -> int:
-        return self.keys.shape[2]
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> None:
-        self.keys = torch.cat([self.keys, keys], dim=2)
-        self.values = torch.cat([self.values, values], dim=2)
-        self.valid = torch.cat([self.valid, valid], dim=1)
-
-    def truncate(self, length: int) -> None:
-        """Drop every slot from ``length`` on (the speculative tree's slots)."""
-        self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
-        self.valid = self.valid[:, :length]
-
-    def keep(self, keep: torch.Tensor) -> None:
-        index, self.valid = compaction_index(keep)
-        self.keys, self.values = gather_slots(self.keys, index), gather_slots(self.values, index)

@@ -6,7 +6,7 @@ The golden model the engine integrations are checked against. One round, per bat
     one target forward over [root, tree nodes] with tree mask    transformers model, 4D additive mask
     verification                                                 sampler.verify_tree
     KV compaction of the accepted path (target and draft)        kv.compaction_index
-    draft catch-up on the accepted tokens with real features     FusedCapture + drafting.TreeDrafter
+    draft catch-up on the accepted tokens with real features     FusedCapture + speculator.Speculator
 
 Rows are ragged: every cache carries a validity mask and positions are counted per row.
 """
@@ -24,10 +24,11 @@ from .capture import FusedCapture
 from .checkpoint import load_draft, validate_against_target
 from .config import Eagle3Config
 from .draft import Eagle3Draft
-from .drafting import TreeDrafter
 from .kv import additive_mask, compaction_index, gather_slots
 from .layers import default_layer_ids
+from .rng import RowRandom
 from .sampler import SamplingParams, sample_tokens, verify_tree
+from .speculator import DraftKV, DraftRows, Speculator
 
 
 @dataclass
@@ -94,7 +95,7 @@ class SpeculativeGenerator:
         ids = layer_ids or config.layer_ids or default_layer_ids(target.config.num_hidden_layers)
         self.layer_ids = validate_against_target(draft, target.config, ids, where="draft")
         draft.attach_embedding(target.get_input_embeddings())
-        self.drafter = TreeDrafter(draft, config)
+        self.speculator = Speculator(draft, config)
         self.capture = FusedCapture(target, self.layer_ids)
         self.device = next(target.parameters()).device
         # transformers 5.x renamed `past_key_values` to `cache`; take whichever this version has.
@@ -102,12 +103,12 @@ class SpeculativeGenerator:
 
     @property
     def config(self) -> Eagle3Config:
-        return self.drafter.config
+        return self.speculator.config
 
     @config.setter
     def config(self, config: Eagle3Config) -> None:
         """Switch speculation settings (chain / tree shape, sampler) without reloading anything."""
-        self.drafter.config = config
+        self.speculator.config = config
 
     @classmethod
     def from_pretrained(cls, target_dir: str, config: Eagle3Config, dtype=torch.float32) -> "SpeculativeGenerator":
@@ -171,30 +172,38 @@ class SpeculativeGenerator:
                  seed: int = 0) -> Generation:
         """Speculative decoding of every prompt (lists of target token ids) with ``self.config``."""
         cfg = self.config
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        random = RowRandom(torch.Generator(device=self.device).manual_seed(seed))
         b = len(prompts)
         rows = torch.arange(b, device=self.device)
         start = time.perf_counter()
         kv, ids, valid, positions, allowed, last_logits, features = self._prefill(prompts)
-        root = sample_tokens(last_logits, params, generator)
+        root = sample_tokens(last_logits, params, random)
         out = _Emitter(b, max_new_tokens, eos_token_id)
         out.emit([[t] for t in root.tolist()])
         stats = AcceptanceStats(cfg.depth)
         forwards = 1
 
-        # Draft prefill: feature of position i with the token at i + 1.
-        draft_kv = self.drafter.new_cache(b, features.dtype, self.device)
-        draft_ids = torch.cat([ids[:, 1:], root[:, None]], dim=1)
-        root_hidden = self.drafter.append(draft_kv, draft_ids, features, positions, allowed, valid,
-                                         last=torch.full((b,), ids.shape[1] - 1, device=self.device))
+        # The draft's store: row b's position p in slot b * span + p. Every round but the last gives each row that is
+        # not done at least one token, and any row at most depth + 1 (rows that are done keep running).
+        span = ids.shape[1] + max_new_tokens * (cfg.depth + 1) + cfg.total_tokens
+        c = self.draft.config
+        store = DraftKV.allocate(b * span, c.num_key_value_heads, c.head_dim, features.dtype, self.device)
+        slots = torch.arange(b * span, device=self.device).view(b, span)
+        # Draft prefill: each prompt's features at 0 .. n - 1 with the tokens after them (the last: the root).
+        lengths = valid.sum(1)
+        left = (ids.shape[1] - lengths)[:, None] + torch.arange(ids.shape[1], device=self.device)
+        left = left.clamp(max=ids.shape[1] - 1)  # left-aligned view of the left-padded prompts
+        next_ids = torch.cat([ids[:, 1:], root[:, None]], dim=1)
+        draft_rows = DraftRows(slots, torch.zeros_like(lengths), lengths, next_ids.gather(1, left),
+                               features[rows[:, None], left])
         while not out.all_done:
+            tree = self.speculator.step(store, draft_rows, params, random)
             lengths = kv.valid.sum(1)  # = the root's position
-            tree = self.drafter.tree(draft_kv, root, root_hidden, lengths - 1, params, generator)
             logits, node_features = self._target_forward(
                 kv, tree.tokens, lengths[:, None] + tree.depths, tree.ancestor_mask(),
                 torch.ones_like(tree.tokens, dtype=torch.bool))
             forwards += 1
-            verdict = verify_tree(tree, logits, params, cfg.tree_sampler, generator)
+            verdict = verify_tree(tree, logits, params, cfg.tree_sampler, random)
             stats.add(verdict.num_accepted[~out.done_tensor(self.device)])
             path = verdict.accepted  # [B, depth + 1], root first
             on_path = torch.zeros_like(tree.tokens, dtype=torch.bool)
@@ -202,19 +211,10 @@ class SpeculativeGenerator:
             kv.keep(torch.cat([kv.valid[:, :-tree.size], on_path], dim=1))
             out.emit(verdict.output_tokens(tree))
 
-            # Draft catch-up: features of the path's nodes paired with the next emitted token.
-            n_acc = verdict.num_accepted
+            # Draft catch-up: the path's features (root at the root's position) with the token after each.
             path_c = path.clamp(min=0)
-            next_tokens = torch.cat([tree.tokens.gather(1, path_c[:, 1:]), verdict.bonus[:, None]], dim=1)
-            next_tokens[rows, n_acc] = verdict.bonus
-            step_valid = path >= 0
-            catch_features = node_features[rows[:, None], path_c]
-            catch_pos = lengths[:, None] + torch.arange(path.shape[1], device=self.device)
-            causal = torch.ones(path.shape[1], path.shape[1], dtype=torch.bool, device=self.device).tril()
-            root_hidden = self.drafter.append(draft_kv, next_tokens, catch_features, catch_pos,
-                                             causal[None] & step_valid[:, None, :], step_valid, last=n_acc)
-            draft_kv.keep(draft_kv.valid)
-            root = verdict.bonus
+            draft_rows = DraftRows(slots, lengths, verdict.num_accepted + 1, verdict.emitted(tree).clamp(min=0),
+                                   node_features[rows[:, None], path_c])
         return Generation(out.tokens, stats, time.perf_counter() - start, forwards)
 
 

@@ -22,6 +22,7 @@ from typing import Literal, Optional
 
 import torch
 
+from .rng import as_row_random
 from .tree import DraftTree
 
 Method = Literal["real", "one_hot"]
@@ -59,14 +60,21 @@ class Verdict:
     num_accepted: torch.Tensor
     bonus: torch.Tensor
 
+    def select(self, rows: torch.Tensor) -> "Verdict":
+        return Verdict(self.accepted[rows], self.num_accepted[rows], self.bonus[rows])
+
+    def emitted(self, tree: DraftTree) -> torch.Tensor:
+        """``[B, depth + 1]``: per row, the tokens this round emits (accepted draft tokens, then the bonus), -1 padded.
+        Token ``j`` is the one after accepted node ``accepted[:, j]``."""
+        tokens = tree.tokens.gather(1, self.accepted[:, 1:].clamp(min=0))
+        tokens = torch.cat([tokens, self.bonus[:, None]], dim=1)
+        tokens.scatter_(1, self.num_accepted[:, None], self.bonus[:, None])
+        width = torch.arange(tokens.shape[1], device=tokens.device)
+        return torch.where(width[None] <= self.num_accepted[:, None], tokens, -1)
+
     def output_tokens(self, tree: DraftTree) -> list[list[int]]:
         """Per row, the tokens this round emits: accepted draft tokens then the bonus token."""
-        out = []
-        for row in range(tree.tokens.shape[0]):
-            n = int(self.num_accepted[row])
-            path = self.accepted[row, 1:n + 1]
-            out.append(tree.tokens[row, path].tolist() + [int(self.bonus[row])])
-        return out
+        return [[t for t in row if t >= 0] for row in self.emitted(tree).tolist()]
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -92,17 +100,21 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator=None) -> torch.Tensor:
-    """One token per row of ``logits [B, V]``, from the target distribution (argmax for greedy rows)."""
+    """One token per row of ``logits [B, V]``, from the target distribution (argmax for greedy rows).
+    ``generator``: a :class:`~eagle3_plugin.rng.RowRandom`, a ``torch.Generator`` or None."""
     probs = target_probs(logits, params)
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return torch.where(params.greedy, probs.argmax(-1), sampled)
+    if bool(params.greedy.all()):
+        return probs.argmax(-1)
+    return torch.where(params.greedy, probs.argmax(-1), as_row_random(generator).categorical(probs))
 
 
 def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, method: Method = "real",
                 generator: Optional[torch.Generator] = None) -> Verdict:
     """Accept a root-to-node path of ``tree`` and draw the bonus token (see the module docstring).
 
-    ``target_logits [B, N, V]``: the target's logits after each node of the tree.
+    ``target_logits [B, N, V]``: the target's logits after each node of the tree (rows of detached nodes, see
+    :meth:`DraftTree.truncated`, are never read). ``generator``: a :class:`~eagle3_plugin.rng.RowRandom`
+    (seeded rows draw from their own generator), a ``torch.Generator`` or None.
     """
     _check_method(method)
     if bool(params.greedy.all()):
@@ -114,12 +126,15 @@ def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: Sa
                         generator: Optional[torch.Generator] = None) -> Verdict:
     """:func:`verify_tree` for any mix of greedy and sampled rows (greedy ones see a one-hot ``p``)."""
     _check_method(method)
+    random = as_row_random(generator)
     b, n = tree.tokens.shape
     device = tree.tokens.device
     rows = torch.arange(b, device=device)
     use_real = ~params.greedy & (method == "real")
-    if bool(use_real.any()) and tree.draft_probs is None:
-        raise ValueError("method='real' needs a tree built with sample=True (it carries the draft probabilities)")
+    if tree.draft_probs is None:
+        if bool((use_real[:, None] & (tree.parents >= 0)).any()):
+            raise ValueError("method='real' needs a tree built with sample=True (it carries the draft probabilities)")
+        use_real = torch.zeros_like(use_real)  # root-only rows: nothing to verify, the bonus comes from p
     p_all = target_probs(target_logits, params)
     children = tree.children(tree.max_children())
     depth = int(tree.depths.max())
@@ -142,7 +157,7 @@ def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: Sa
             ratio = px
             if q_cur is not None:
                 ratio = torch.where(use_real, px / q_cur[rows, x].clamp(min=1e-30), px)
-            accept = trying & (torch.rand(b, generator=generator, device=device) < ratio)
+            accept = trying & (random.uniform((b,), device) < ratio)
             reject = trying & ~accept
             if q_cur is not None:
                 real_reject = (reject & use_real)[:, None]
@@ -161,8 +176,7 @@ def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: Sa
         active &= moved
         if not bool(active.any()):
             break
-    sampled = torch.multinomial(p_cur, 1, generator=generator).squeeze(1)
-    bonus = torch.where(params.greedy, p_cur.argmax(-1), sampled)
+    bonus = torch.where(params.greedy, p_cur.argmax(-1), random.categorical(p_cur))
     return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1), bonus=bonus)
 
 
@@ -172,30 +186,19 @@ def _check_method(method: str) -> None:
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
-    """:func:`verify_tree` when every row is greedy, without probabilities: from the root, follow the first child
-    (in index order) whose token is the target's argmax. Same verdict as the general path (whose one-hot
-    ``p`` accepts exactly that child), a few list operations instead of a loop of vocabulary-wide ops."""
+    """:func:`verify_tree` when every row is greedy, without probabilities: a node is accepted when it and each of
+    its ancestors carries the target's argmax after its parent; siblings carry distinct tokens, so the accepted
+    nodes form one path, and its deepest node gives the bonus token. Same verdict as the general path (whose
+    one-hot ``p`` accepts exactly those children), a few batched ops instead of a loop over vocabulary rows."""
     b = tree.tokens.shape[0]
-    best = target_logits.argmax(-1).tolist()
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    accepted = torch.full((b, int(tree.depths.max()) + 1), -1, dtype=torch.long)
-    bonus = []
-    for row in range(b):
-        children: dict[int, list[int]] = {}
-        for node, parent in enumerate(parents[row][1:], start=1):
-            children.setdefault(parent, []).append(node)
-        path = [0]
-        while True:
-            cur = path[-1]
-            nxt = next((c for c in children.get(cur, ()) if tokens[row][c] == best[row][cur]), None)
-            if nxt is None:
-                break
-            path.append(nxt)
-        accepted[row, :len(path)] = torch.tensor(path)
-        bonus.append(best[row][path[-1]])
-    accepted = accepted.to(tree.tokens.device)
-    return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1),
-                   bonus=torch.tensor(bonus, device=tree.tokens.device))
+    rows = torch.arange(b, device=tree.tokens.device)
+    best = target_logits.argmax(-1)  # [B, N]
+    match = (tree.tokens == best.gather(1, tree.parents.clamp(min=0))) & (tree.parents >= 0)
+    match[:, 0] = True
+    on_path = ~(tree.ancestor_mask() & ~match[:, None, :]).any(-1)
+    end = torch.where(on_path, tree.depths, -1).argmax(1)
+    accepted = tree.retrieve_indices()[rows, end]
+    return Verdict(accepted=accepted, num_accepted=tree.depths[rows, end], bonus=best[rows, end])
 
 
 def _draft_probs_at(tree: DraftTree, rows: torch.Tensor, node: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

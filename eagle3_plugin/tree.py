@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
+
+from .rng import RowRandom, as_row_random
 
 # expand(level, tokens [B, k], parent_slot [B, k]) -> draft logits [B, k, draft_vocab]
 ExpandFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -53,10 +55,10 @@ class DraftTree:
     def ancestor_mask(self) -> torch.Tensor:
         """``[B, N, N]`` bool: node j is node i or one of its ancestors (the tree attention mask)."""
         b, n = self.parents.shape
-        mask = torch.eye(n, dtype=torch.bool, device=self.parents.device).repeat(b, 1, 1)
-        rows = torch.arange(b, device=self.parents.device)
-        for i in range(1, n):  # parents precede children, so the parent's row is final
-            mask[:, i] |= mask[rows, self.parents[:, i]]
+        eye = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(b, n, n)
+        mask, up, has_parent = eye, self.parents.clamp(min=0)[..., None].expand(b, n, n), (self.parents >= 0)[..., None]
+        for _ in range(int(self.depths.max())):  # after d rounds every node sees its ancestors up to d levels up
+            mask = eye | (torch.gather(mask, 1, up) & has_parent)
         return mask
 
     def max_children(self) -> int:
@@ -68,32 +70,44 @@ class DraftTree:
     def children(self, max_children: int) -> torch.Tensor:
         """``[B, N, max_children]``: each node's children in index order, padded with -1."""
         b, n = self.parents.shape
-        out = torch.full((b, n, max_children), -1, dtype=torch.long, device=self.parents.device)
-        count = torch.zeros(b, n, dtype=torch.long, device=self.parents.device)
-        rows = torch.arange(b, device=self.parents.device)
-        for i in range(1, n):
-            p = self.parents[:, i]
-            out[rows, p, count[rows, p]] = i
-            count[rows, p] += 1
-        return out
+        nodes = torch.arange(n, device=self.parents.device)
+        is_child = self.parents[:, None, :] == nodes[None, :, None]  # [B, parent, child]
+        order = torch.sort((~is_child).to(torch.int8), dim=2, stable=True).indices[..., :max_children]
+        return torch.where(torch.gather(is_child, 2, order), order, torch.full_like(order, -1))
 
     def retrieve_indices(self) -> torch.Tensor:
         """``[B, N, depth + 1]``: for each node, its root-to-node path (padded with -1); leaves' rows
         are EAGLE's retrieve indices."""
         b, n = self.parents.shape
         width = int(self.depths.max()) + 1
-        paths = torch.full((b, n, width), -1, dtype=torch.long, device=self.parents.device)
-        rows = torch.arange(b, device=self.parents.device)
-        paths[:, 0, 0] = 0
-        for i in range(1, n):
-            paths[:, i] = paths[rows, self.parents[:, i]]
-            paths[rows, i, self.depths[:, i]] = i
-        return paths
+        device = self.parents.device
+        paths = torch.full((b, n, width + 1), -1, dtype=torch.long, device=device)  # last column: discard
+        node, depth = torch.arange(n, device=device).expand(b, n), self.depths
+        for _ in range(width):  # walk every node up to the root, writing each ancestor at its depth
+            alive = node >= 0
+            paths.scatter_(2, torch.where(alive, depth, width)[..., None], node[..., None])
+            node = torch.where(alive & (depth > 0), self.parents.gather(1, node.clamp(min=0)), -1)
+            depth = depth - 1
+        return paths[..., :width]
+
+    def truncated(self, counts: torch.Tensor) -> "DraftTree":
+        """Row ``b`` keeps its first ``counts[b]`` nodes (still a tree, since parents precede children); later
+        nodes are detached (parent -1, depth 0): no verification reaches them. For engines that verify fewer
+        nodes than were proposed (length limits, token budgets)."""
+        kept = torch.arange(self.size, device=counts.device)[None] < counts[:, None]
+        kept[:, 0] = True
+        return DraftTree(self.tokens, torch.where(kept, self.parents, -1), torch.where(kept, self.depths, 0),
+                         self.draft_probs, self.hot_ids)
+
+    def select(self, rows: torch.Tensor) -> "DraftTree":
+        """The trees of ``rows``."""
+        probs = None if self.draft_probs is None else self.draft_probs[rows]
+        return DraftTree(self.tokens[rows], self.parents[rows], self.depths[rows], probs, self.hot_ids)
 
 
 def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: ExpandFn, depth: int, top_k: int,
                total_tokens: int, temperature: torch.Tensor, sample: bool, hot_ids: torch.Tensor,
-               generator: Optional[torch.Generator] = None) -> DraftTree:
+               generator: Union[RowRandom, torch.Generator, None] = None) -> DraftTree:
     """Grow one tree per row.
 
     ``root_logits [B, Vd]`` are the draft's logits for the first level; ``expand`` runs the draft on a
@@ -102,9 +116,12 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     """
     b, vd = root_logits.shape
     device = root_logits.device
+    random = as_row_random(generator)
     rows = torch.arange(b, device=device)
     t_eff = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(root_logits.dtype)
     sampled_rows = (temperature > 0) & sample
+    sample = bool(sampled_rows.any())  # no row samples: plain cumulative log-probabilities, no draft_probs
+    scaled = bool((temperature > 0).any())
 
     cand_tokens, cand_parent, cand_score, cand_depth, cand_slot = [], [], [], [], []
     expanded_probs = []  # per expanded node (root first), the draft distribution over its children
@@ -115,15 +132,18 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     logits = root_logits[:, None, :]
     n_cand = 0
     for level in range(1, depth + 1):
-        logq = torch.log_softmax(logits.float() / t_eff[:, None, None], dim=-1)  # [B, k_prev, Vd]
+        logq = torch.log_softmax(logits.float() / t_eff[:, None, None] if scaled else logits.float(), dim=-1)
+        child_phi = phi[..., None] + logq  # [B, k_prev, Vd]
         if sample:
             expanded_probs.append(logq.exp())
-        child_phi = phi[..., None] + logq
-        perturbed = child_phi + _gumbel(child_phi.shape, generator, device) * sampled_rows[:, None, None]
-        top_perturbed, top_ids = _stable_topk(perturbed, top_k)  # [B, k_prev, k]
-        top_phi = torch.gather(child_phi, 2, top_ids)
-        top_g = _truncated_gumbel(g[..., None], top_perturbed, perturbed.amax(-1, keepdim=True))
-        score = torch.where(sampled_rows[:, None, None], top_g, top_phi).flatten(1)  # [B, k_prev * k]
+            perturbed = child_phi + _gumbel(child_phi.shape, random, device) * sampled_rows[:, None, None]
+            top_perturbed, top_ids = _stable_topk(perturbed, top_k)  # [B, k_prev, k]
+            top_phi = torch.gather(child_phi, 2, top_ids)
+            top_g = _truncated_gumbel(g[..., None], top_perturbed, perturbed.amax(-1, keepdim=True))
+            score = torch.where(sampled_rows[:, None, None], top_g, top_phi).flatten(1)  # [B, k_prev * k]
+        else:
+            top_phi, top_ids = _stable_topk(child_phi, top_k)
+            score = top_phi.flatten(1)
         k_prev = logits.shape[1]
         parents = front_cand[:, :, None].expand(-1, -1, top_k).flatten(1)
         cand_tokens.append(hot_ids[top_ids.flatten(1)])
@@ -158,7 +178,8 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
         parents=torch.cat([torch.full((b, 1), -1, dtype=torch.long, device=device), parent_node], dim=1),
         depths=torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.gather(depths, 1, keep)], 1),
     )
-    assert bool((tree.parents[:, 1:] >= 0).all()), "a kept node's parent must be kept (ancestor closure)"
+    if not bool((tree.parents[:, 1:] >= 0).all()):
+        raise RuntimeError("draft tree: a kept node's parent was dropped (ancestor closure broken)")
     if sample:
         probs = torch.cat(expanded_probs, dim=1)  # [B, E, Vd]
         node_slot = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.gather(slot, 1, keep)], 1)
@@ -168,24 +189,58 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     return tree
 
 
+def build_chain(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: ExpandFn, depth: int,
+                temperature: torch.Tensor, sample: bool, hot_ids: torch.Tensor,
+                generator: Union[RowRandom, torch.Generator, None] = None) -> DraftTree:
+    """:func:`build_tree` with ``top_k = 1`` (``total_tokens = depth + 1``), without a tree's bookkeeping: each level
+    takes the draft's argmax, or, for rows that sample, the Gumbel-max of the same noise :func:`build_tree` draws,
+    so both give the same chain (tested)."""
+    b, vd = root_logits.shape
+    device = root_logits.device
+    random = as_row_random(generator)
+    sampled_rows = (temperature > 0) & sample
+    sample = bool(sampled_rows.any())
+    t_eff = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(root_logits.dtype)
+    scaled = bool((temperature > 0).any())
+    tokens, probs, logits = [root_tokens], [], root_logits
+    parent_slot = torch.zeros(b, 1, dtype=torch.long, device=device)
+    for level in range(1, depth + 1):
+        if sample:
+            logq = torch.log_softmax(logits.float() / t_eff[:, None] if scaled else logits.float(), dim=-1)
+            probs.append(logq.exp())
+            noise = _gumbel((b, 1, vd), random, device)[:, 0] * sampled_rows[:, None]
+            ids = (logq + noise).argmax(-1)
+        else:
+            ids = logits.argmax(-1)
+        tokens.append(hot_ids[ids])
+        if level < depth:
+            logits = expand(level, tokens[-1][:, None], parent_slot)[:, 0]
+    nodes = torch.arange(depth + 1, device=device).expand(b, -1)
+    tree = DraftTree(torch.stack(tokens, dim=1), nodes - 1, nodes.clone())
+    if sample:
+        tree.draft_probs = torch.stack(probs + [torch.zeros_like(probs[0])], dim=1)
+        tree.hot_ids = hot_ids
+    return tree
+
+
 def _stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim with ties broken by the lower index (torch.topk does not promise it).
 
-    Fast path: ``torch.topk``, then its k results reordered by (value desc, index asc); exact unless a tie at
-    the k-th value reaches past k elements, where the full stable sort decides.
+    Fast path: ``torch.topk`` of ``k + 1``: when its values are strictly decreasing there is no tie to break. Else
+    the full stable sort decides.
     """
-    values, ids = torch.topk(x, k, dim=-1)
-    if bool(((x >= values[..., -1:]).sum(-1) > k).any()):
+    if k >= x.shape[-1]:
         values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
         return values[..., :k], ids[..., :k]
-    by_index = torch.sort(ids, dim=-1).indices
-    values, ids = values.gather(-1, by_index), ids.gather(-1, by_index)
-    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
-    return values.gather(-1, order), ids.gather(-1, order)
+    values, ids = torch.topk(x, k + 1, dim=-1)
+    if bool((values[..., 1:] < values[..., :-1]).all()):
+        return values[..., :k], ids[..., :k]
+    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[..., :k], ids[..., :k]
 
 
-def _gumbel(shape, generator, device) -> torch.Tensor:
-    u = torch.rand(shape, generator=generator, device=device).clamp_(1e-20, 1.0 - 1e-7)
+def _gumbel(shape, random: RowRandom, device) -> torch.Tensor:
+    u = random.uniform(shape, device).clamp_(1e-20, 1.0 - 1e-7)
     return -torch.log(-torch.log(u))
 
 

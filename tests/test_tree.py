@@ -117,3 +117,25 @@ def test_stable_topk_fast_path_matches_a_stable_sort():
         values, ids = _stable_topk(x, 5)
         want_values, want_ids = torch.sort(x, dim=-1, descending=True, stable=True)
         assert torch.equal(values, want_values[..., :5]) and torch.equal(ids, want_ids[..., :5])
+
+
+def test_chain_fast_path_is_the_top_k_1_tree():
+    """build_chain gives build_tree's chain: same tokens, and at T > 0 the same draws and draft distributions."""
+    from eagle3_plugin.tree import build_chain, build_tree
+    toy = Bigram(vocab=60, draft_vocab=45, seed=8)
+
+    def expand(level, tokens, parent_slot):
+        return toy.draft[tokens]
+
+    roots = torch.arange(6) % toy.vocab
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3, 1.0])
+    for sample in (False, True):
+        for seed in range(5):
+            args = (roots, toy.draft[roots], expand)
+            tree = build_tree(*args, 4, 1, 5, temperature, sample, toy.hot_ids, torch.Generator().manual_seed(seed))
+            chain = build_chain(*args, 4, temperature, sample, toy.hot_ids, torch.Generator().manual_seed(seed))
+            for name in ("tokens", "parents", "depths"):
+                assert torch.equal(getattr(tree, name), getattr(chain, name))
+            assert (tree.draft_probs is None) == (chain.draft_probs is None) == (not sample)
+            if sample:
+                assert torch.allclose(tree.draft_probs, chain.draft_probs)

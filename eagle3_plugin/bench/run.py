@@ -30,6 +30,7 @@ class BenchArgs:
     chain: Optional[int] = None
     tree: Optional[tuple] = None
     tree_sampler: Optional[str] = None
+    budget: str = "fixed"
     seed: int = 0
     engine_args: tuple = ()
     json_out: Optional[str] = None
@@ -37,10 +38,11 @@ class BenchArgs:
 
 
 def speculation_config(args: BenchArgs) -> Eagle3Config:
-    """The draft's ``eagle3.json`` (or defaults), with ``--chain`` / ``--tree`` / ``--tree-sampler`` applied."""
+    """The draft's ``eagle3.json`` (or defaults), with ``--chain`` / ``--tree`` / ``--tree-sampler`` / ``--budget``
+    applied (the budget defaults to ``fixed``: a regression check compares one tree shape's acceptance)."""
     path = os.path.join(args.draft, "eagle3.json")
     base = Eagle3Config.load(path) if os.path.exists(path) else Eagle3Config(draft=os.path.abspath(args.draft))
-    changes = {"draft": os.path.abspath(args.draft)}
+    changes = {"draft": os.path.abspath(args.draft), "budget": args.budget}
     if args.chain is not None and args.tree is not None:
         raise Eagle3Error("give --chain or --tree, not both")
     if args.chain is not None:
@@ -82,7 +84,7 @@ def bench(args: BenchArgs) -> dict:
     finally:
         engine.close()
     settings = {"depth": config.depth, "top_k": config.top_k, "total_tokens": config.total_tokens,
-                "tree_sampler": config.tree_sampler, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "tree_sampler": config.tree_sampler, "budget": config.budget, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                 "target": args.target, "draft": args.draft, "prompts": args.prompts}
     report = build_report(results, engine=args.engine, mode=config.mode, temperature=args.temperature,
                           depth=config.depth, settings=settings)

@@ -16,10 +16,12 @@ The tree mask is SGLang's CPU layout (``QLEN_ONLY``): row ``row * N + i`` holds 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
+from ..rng import RowRandom
 from ..sampler import SamplingParams, Verdict, verify_tree
 from ..tree import DraftTree
 
@@ -28,50 +30,45 @@ from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 @dataclass
 class TreeVerifyInput(EagleVerifyInput):
-    """SGLang's verify input plus what our sampler needs; after sampling, :attr:`verdicts` holds its decisions."""
+    """SGLang's verify input plus what our sampler needs; after sampling, :attr:`verdict` holds its decision."""
 
-    trees: list[DraftTree] = field(default_factory=list)
-    params: list[SamplingParams] = field(default_factory=list)
-    generators: list = field(default_factory=list)
+    trees: Optional[DraftTree] = None
+    params: Optional[SamplingParams] = None
+    random: Optional[RowRandom] = None
     method: str = "real"
     vocab_size: int = 0
-    verdicts: list[Verdict] = field(default_factory=list)
+    verdict: Optional[Verdict] = None
 
     def sample(self, logits: torch.Tensor):
         """``logits [bs * N, >= vocab]`` -> ``(predict, accept_lens, accept_index)`` as ``eagle_sample`` returns."""
-        bs, n = len(self.trees), self.draft_token_num
+        bs, n = self.trees.tokens.shape
         logits = logits[:, :self.vocab_size].float().view(bs, n, self.vocab_size)
-        predict = torch.zeros(bs * n, dtype=torch.int32, device=logits.device)
+        self.verdict = verdict = verify_tree(self.trees, logits, self.params, self.method, self.random)
+        rows = torch.arange(bs, device=logits.device)
+        accepted = verdict.accepted
+        flat = torch.where(accepted >= 0, rows[:, None] * n + accepted, -1)
         accept_index = torch.full((bs, self.spec_steps + 1), -1, dtype=torch.int32, device=logits.device)
-        accept_lens = torch.empty(bs, dtype=torch.int32, device=logits.device)
-        self.verdicts = []
-        for row, (tree, params, generator) in enumerate(zip(self.trees, self.params, self.generators)):
-            verdict = verify_tree(tree, logits[row:row + 1], params, self.method, generator)
-            k = int(verdict.num_accepted[0])
-            flat = row * n + verdict.accepted[0, :k + 1]
-            predict[flat] = torch.tensor(verdict.output_tokens(tree)[0], dtype=torch.int32, device=logits.device)
-            accept_index[row, :k + 1] = flat.to(torch.int32)
-            accept_lens[row] = k + 1
-            self.verdicts.append(verdict)
-        return predict, accept_lens, accept_index
+        accept_index[:, :flat.shape[1]] = flat.to(torch.int32)
+        predict = torch.zeros(bs * n, dtype=torch.int32, device=logits.device)
+        emitted = verdict.emitted(self.trees)
+        predict[flat[accepted >= 0]] = emitted[accepted >= 0].to(torch.int32)
+        return predict, (verdict.num_accepted + 1).to(torch.int32), accept_index
 
 
-def build_verify_input(trees: list[DraftTree], seq_lens: torch.Tensor, *, params, generators, method: str,
-                       vocab_size: int, num_steps: int, topk: int, num_draft_tokens: int) -> TreeVerifyInput:
-    """One tree per request (all with ``num_draft_tokens`` nodes); ``seq_lens``: committed length per request.
+def build_verify_input(trees: DraftTree, seq_lens: torch.Tensor, *, params: SamplingParams, random: RowRandom,
+                       method: str, vocab_size: int, num_steps: int, topk: int,
+                       num_draft_tokens: int) -> TreeVerifyInput:
+    """One tree per request (``trees [bs, num_draft_tokens]``); ``seq_lens``: committed length per request.
     The mask is in SGLang's CPU layout (the worker refuses other devices at start-up)."""
-    sizes = {tree.size for tree in trees}
-    if sizes != {num_draft_tokens}:
-        raise RuntimeError(f"draft trees have {sorted(sizes)} nodes, SGLang verifies {num_draft_tokens}")
-    bs, n = len(trees), num_draft_tokens
+    if trees.size != num_draft_tokens:
+        raise RuntimeError(f"draft trees have {trees.size} nodes, SGLang verifies {num_draft_tokens}")
+    bs, n = trees.tokens.shape
     device = seq_lens.device
-    batch = DraftTree(*(torch.cat([getattr(t, name) for t in trees]).to(device)
-                        for name in ("tokens", "parents", "depths")))
-    next_token, next_sibling = _links(batch)
+    next_token, next_sibling = _links(trees)
     return TreeVerifyInput(
-        draft_token=batch.tokens.reshape(-1),
-        custom_mask=batch.ancestor_mask().reshape(-1),
-        positions=(seq_lens.to(torch.int64)[:, None] + batch.depths).reshape(-1),
+        draft_token=trees.tokens.reshape(-1),
+        custom_mask=trees.ancestor_mask().reshape(-1),
+        positions=(seq_lens.to(torch.int64)[:, None] + trees.depths).reshape(-1),
         retrieve_index=torch.arange(bs * n, device=device).view(bs, n),
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
@@ -82,7 +79,7 @@ def build_verify_input(trees: list[DraftTree], seq_lens: torch.Tensor, *, params
         capture_hidden_mode=None,
         seq_lens_sum=None,
         seq_lens_cpu=None,
-        trees=trees, params=params, generators=generators, method=method, vocab_size=vocab_size,
+        trees=trees, params=params, random=random, method=method, vocab_size=vocab_size,
     )
 
 

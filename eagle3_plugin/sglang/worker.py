@@ -1,16 +1,17 @@
 """SGLang's EAGLE worker with our draft tree, strict sampler and capture (installed in place of ``EAGLEWorkerV2``).
 
-With ``--speculative-algorithm EAGLE3`` one scheduler step is, per batch (the scheduler, the target's
+With ``--speculative-algorithm EAGLE3`` one scheduler step is, for the whole batch (the scheduler, the target's
 forward and SGLang's KV bookkeeping are untouched):
 
-    prefill   target forward (our capture hooks its layers) -> the core's RequestSpeculator catches each
-              request's draft up on the prompt tokens it just processed
-    decode    RequestSpeculator proposes each request's tree -> TreeVerifyInput -> SGLang's
-              run_eagle_verify (target forward over the trees, our sampler via eagle_sample, KV compaction
-              of the accepted path) -> draft catch-up on the accepted path
+    prefill   target forward (our capture hooks its layers) -> the core's Speculator: one draft catch-up
+              forward on every request's prompt chunk, one forward per level of every request's next tree
+    decode    the trees proposed last step -> TreeVerifyInput -> SGLang's run_eagle_verify (target forward
+              over the trees, our sampler via eagle_sample, KV compaction of the accepted path) -> Speculator:
+              catch-up on the accepted paths, next trees
 
-SGLang's own draft worker is still constructed (the scheduler sizes pools and reads attributes through it)
-but never runs. Other algorithms (EAGLE, STANDALONE) get the stock worker unchanged.
+The draft's keys and values live in SGLang's own draft token pool (the one its EAGLE draft worker allocated,
+same slots as the target's, via ``req_to_token``), so SGLang budgets, frees and retracts them with the request.
+SGLang's draft worker is otherwise never run. Other algorithms (EAGLE, STANDALONE) get the stock worker unchanged.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from torch import nn
 
 from ..checkpoint import validate_against_target
 from ..convert import load_source
-from ..requests import RequestSpeculator
+from ..rng import RowRandom
 from ..sampler import SamplingParams
+from ..speculator import DraftKV, DraftRows, ProposedTrees, Speculator
 from . import capture, settings
 from .verify import build_verify_input
 
@@ -64,11 +66,13 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         draft.attach_embedding(nn.Embedding.from_pretrained(table, freeze=True))
         self.capture = capture.target_capture(model, layer_ids, hf_config.num_hidden_layers,
                                               hf_config.hidden_size).__enter__()
-        self.speculator = RequestSpeculator(draft.to(self.device), self.eagle3, dtype, self.device)
+        self.speculator = Speculator(draft.to(self.device), self.eagle3)
+        self.proposed = ProposedTrees()
         self.vocab_size = vocab
         self._generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed or 0)
         self._seeded: dict[str, torch.Generator] = {}
         self._known: set[str] = set()
+        self._draft_kv = None  # SGLang's draft pool, allocated after the workers are built
         logger.info("eagle3-plugin worker: %s, capture ids %s (ours), tree sampler %s", self.eagle3.mode,
                     list(layer_ids), self.eagle3.tree_sampler)
 
@@ -91,34 +95,55 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         features = self.capture.features
         if features.shape[0] != len(batch.input_ids):
             raise RuntimeError(f"captured {features.shape[0]} tokens, the prefill ran {len(batch.input_ids)}")
-        tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).tolist()
-        first = 0
-        for req, start, count, tail in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, tails):
+        for req in batch.reqs:
             self._track(req)
-            next_tokens = torch.cat([batch.input_ids[first + 1:first + count].long(), torch.tensor([tail])])
-            self.speculator.extend(req.rid, start, next_tokens, features[first:first + count])
-            first += count
+        start = torch.tensor(batch.prefix_lens, dtype=torch.long, device=self.device)
+        count = torch.tensor(batch.extend_lens, dtype=torch.long, device=self.device)
+        first = torch.cumsum(count, 0) - count
+        width = int(count.max())
+        j = torch.arange(width, device=self.device)
+        src = (first[:, None] + torch.minimum(j[None], count[:, None] - 1)).clamp(max=features.shape[0] - 1)
+        following = batch.input_ids[(src + 1).clamp(max=features.shape[0] - 1)].long()
+        tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
+        tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
+        self._propose(batch, DraftRows(self._slots(batch, start + count), start, count, tokens, features[src]))
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
     def _decode(self, batch, grammar_barrier):
-        roots = batch.spec_info.bonus_tokens.tolist()
-        rows = [self._sampling(req) for req in batch.reqs]
-        trees = [self.speculator.propose(req.rid, root, params, generator)
-                 for req, root, (params, generator) in zip(batch.reqs, roots, rows)]
+        rids = [req.rid for req in batch.reqs]
+        trees, found = self.proposed.get(rids)
+        if trees is None or not bool(found.all()):
+            raise RuntimeError("eagle3-plugin: a request reached decode without a proposed tree")
+        params, random = self._sampling(batch)
         verify_input = build_verify_input(
-            trees, batch.seq_lens, params=[p for p, _ in rows], generators=[g for _, g in rows],
-            method=self.eagle3.tree_sampler, vocab_size=self.vocab_size, num_steps=self.speculative_num_steps,
-            topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens)
+            trees, batch.seq_lens, params=params, random=random, method=self.eagle3.tree_sampler,
+            vocab_size=self.vocab_size, num_steps=self.speculative_num_steps, topk=self.topk,
+            num_draft_tokens=self.speculative_num_draft_tokens)
+        root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
         result = self.verify(batch, grammar_barrier=grammar_barrier)
-        n = self.speculative_num_draft_tokens
-        features = self.capture.features
-        for row, (req, verdict) in enumerate(zip(batch.reqs, verify_input.verdicts)):
-            self.speculator.accept(req.rid, verdict, features[row * n:(row + 1) * n])
+        verdict, n = verify_input.verdict, self.speculative_num_draft_tokens
+        rows = torch.arange(len(rids), device=self.device)
+        count = verdict.num_accepted + 1
+        nodes = rows[:, None] * n + verdict.accepted.clamp(min=0)
+        self._propose(batch, DraftRows(self._slots(batch, root_position + count), root_position, count,
+                                       verdict.emitted(trees).clamp(min=0), self.capture.features[nodes]))
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
+
+    def _propose(self, batch, rows: DraftRows) -> None:
+        """Catch every request up on ``rows`` (the draft's KV into SGLang's draft pool) and keep its next tree."""
+        params, random = self._sampling(batch)
+        if self._draft_kv is None:
+            self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
+        self.proposed.set(self.speculator.step(self._draft_kv, rows, params, random), [req.rid for req in batch.reqs])
+
+    def _slots(self, batch, length: torch.Tensor) -> torch.Tensor:
+        """``[B, L]``: the KV slot of each request's positions ``0 .. L - 1`` (SGLang's ``req_to_token``)."""
+        table = batch.req_to_token_pool.req_to_token
+        return table[batch.req_pool_indices.long(), :int(length.max())].long()
 
     def _next_draft_input(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
         """The round's carry-over: only the bonus tokens are ours to pass (the draft state lives in the
@@ -130,30 +155,41 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             topk_index=torch.zeros(bs, self.topk, dtype=torch.int64, device=self.device),
             hidden_states=None, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
-    def _sampling(self, req) -> tuple[SamplingParams, torch.Generator]:
-        """The request's sampling settings for the core sampler (SGLang writes greedy as top_k = 1)."""
-        sp = req.sampling_params
-        if sp.top_k == 1:
-            params = SamplingParams.uniform(1, 0.0, device=self.device)
-        else:
-            top_k = 0 if sp.top_k >= self.vocab_size else int(sp.top_k)
-            params = SamplingParams.uniform(1, float(sp.temperature), top_k, float(sp.top_p), device=self.device)
-        if sp.sampling_seed is None:
-            return params, self._generator
-        if req.rid not in self._seeded:
-            self._seeded[req.rid] = torch.Generator(device=self.device).manual_seed(int(sp.sampling_seed))
-        return params, self._seeded[req.rid]
+    def _sampling(self, batch) -> tuple[SamplingParams, RowRandom]:
+        """The batch's sampling settings for the core (SGLang writes greedy as top_k = 1), and its randomness (a
+        request with a seed draws from its own generator)."""
+        info = batch.sampling_info
+        greedy = info.top_ks == 1
+        params = SamplingParams(torch.where(greedy, 0.0, info.temperatures.view(-1).float()),
+                                torch.where(greedy | (info.top_ks >= self.vocab_size), 0, info.top_ks).long(),
+                                torch.where(greedy, 1.0, info.top_ps.float()))
+        seeded = {}
+        for row, req in enumerate(batch.reqs):
+            seed = req.sampling_params.sampling_seed
+            if seed is not None:
+                if req.rid not in self._seeded:
+                    self._seeded[req.rid] = torch.Generator(device=self.device).manual_seed(int(seed))
+                seeded[row] = self._seeded[req.rid]
+        return params, RowRandom(self._generator, seeded)
 
     def _track(self, req) -> None:
-        """Free the request's draft state once SGLang drops the request."""
+        """Forget the request's generator once SGLang drops the request."""
         if req.rid not in self._known:
             self._known.add(req.rid)
             weakref.finalize(req, self._forget, req.rid)
 
     def _forget(self, rid: str) -> None:
-        self.speculator.drop(rid)
         self._seeded.pop(rid, None)
         self._known.discard(rid)
+
+
+def _draft_store(pool) -> DraftKV:
+    """SGLang's draft token pool (one layer, token-major ``[slots, heads, head_dim]``) as our store."""
+    keys, values = pool._get_key_buffer(pool.start_layer), pool._get_value_buffer(pool.start_layer)
+    if pool.layer_num != 1 or keys.dim() != 3:
+        raise RuntimeError(f"eagle3-plugin expects SGLang's draft pool to hold one layer as [slots, heads, dim]; got "
+                           f"{pool.layer_num} layer(s) of shape {tuple(keys.shape)}")
+    return DraftKV(keys, values)
 
 
 def _load_draft(path: str, target_config, dtype, layer_ids=None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..draft import Eagle3Draft
+from ..draft import ConcatAttention, Eagle3Draft
 
 STEP_WEIGHT_DECAY = 0.8
 
@@ -50,9 +50,9 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, features: torch.Tensor
     for step in range(steps):
         tokens = shift_left(input_ids, step + 1, 0)
         allowed = ttt_mask(length, step, input_ids.device)[None].expand(b, -1, -1)
-        out, k, v = draft(tokens, hidden, positions + step, keys, values, allowed)
-        keys = k if keys is None else torch.cat([keys, k], dim=2)
-        values = v if values is None else torch.cat([values, v], dim=2)
+        attention = ConcatAttention(allowed, keys, values, draft.attention_scale)
+        out = draft(tokens, hidden, positions + step, attention)
+        keys, values = attention.keys, attention.values
         labels = shift_left(target_in_draft, step + 1, 0.0)
         mask = (shift_left(loss_mask, step + 2, 0) * shift_left(target_argmax_in_vocab, step + 1, False)).float()
         logp = F.log_softmax(draft.logits(out).float(), dim=-1)

@@ -1,15 +1,22 @@
-"""Plain-torch access to vLLM's paged KV cache as CPU_ATTN lays it out for the ``vec`` ISA.
+"""Plain-torch access to vLLM's paged KV cache: the target's layers as CPU_ATTN lays them out for the ``vec``
+ISA, and the draft's layer in our own layout.
 
-One layer's cache is ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``. Each (block, head) holds
-its keys *element-major*, ``[head_size, block_size]``, then its values token-major, ``[block_size,
-head_size]`` (read back from ``cpu_attn_reshape_and_cache``; tests/vllm/test_vllm_paged_kv.py checks it
-against the kernel). Position ``p`` of a request lives in slot ``block_table[p // block_size] *
+One layer's cache is ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``. For the target's layers each
+(block, head) holds its keys *element-major*, ``[head_size, block_size]``, then its values token-major,
+``[block_size, head_size]`` (read back from ``cpu_attn_reshape_and_cache``; tests/vllm/test_vllm_paged_kv.py
+checks it against the kernel). Position ``p`` of a request lives in slot ``block_table[p // block_size] *
 block_size + p % block_size``. Other ISAs (AMX for bf16, vec16) pack blocks differently: refused.
+
+The draft's layer is vLLM's too (its EAGLE drafter's attention layer: vLLM budgets, allocates, frees and
+prefix-caches its blocks), but only our draft reads and writes it, so it is laid out for our reads: each slot's
+keys then values, token-major (:func:`draft_store`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..speculator import DraftKV
 
 SUPPORTED_ISAS = ("vec",)
 
@@ -58,3 +65,28 @@ def move_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
     sb, so, db, do = src // block_size, src % block_size, dst // block_size, dst % block_size
     keys[db, :, :, do] = keys[sb, :, :, so]
     values[db, :, do] = values[sb, :, so]
+
+
+def block_slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """``[B, length]``: the slot of each position ``0 .. length - 1`` of each row of ``block_table [B, blocks]``."""
+    positions = torch.arange(length, device=block_table.device)
+    return block_table[:, positions // block_size].long() * block_size + positions % block_size
+
+
+def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of whole blocks ``block_ids [R, n]`` in position order: each ``[R, heads, n * block_size,
+    head_size]`` (one block copy, then one transposing copy)."""
+    _, heads, block_size, two_d = kv_cache.shape
+    d = two_d // 2
+    r, n = block_ids.shape
+    blocks = kv_cache[block_ids.long()].view(r, n, heads, 2, block_size * d)
+    keys = blocks[:, :, :, 0].view(r, n, heads, d, block_size).permute(0, 2, 1, 4, 3).reshape(r, heads, -1, d)
+    values = blocks[:, :, :, 1].view(r, n, heads, block_size, d).transpose(1, 2).reshape(r, heads, -1, d)
+    return keys, values
+
+
+def draft_store(kv_cache: torch.Tensor) -> DraftKV:
+    """The draft layer's cache as our store: slot ``s`` (block ``s // block_size``) holds its keys then its values."""
+    blocks, heads, block_size, two_d = kv_cache.shape
+    by_slot = kv_cache.view(blocks * block_size, 2, heads, two_d // 2)
+    return DraftKV(by_slot[:, 0], by_slot[:, 1])

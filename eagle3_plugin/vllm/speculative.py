@@ -14,7 +14,7 @@ import os
 from ..config import Eagle3Config
 from ..errors import Eagle3Error
 
-OUR_KEYS = {"mode", "depth", "top_k", "total_tokens", "tree_sampler", "layer_ids", "draft"}
+OUR_KEYS = {"mode", "depth", "top_k", "total_tokens", "tree_sampler", "budget", "layer_ids", "draft"}
 ADDITIONAL_CONFIG_KEY = "eagle3"
 
 

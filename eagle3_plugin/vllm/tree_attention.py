@@ -1,57 +1,69 @@
 """Tree attention for the verification forward on vLLM's CPU attention backend, in plain torch.
 
-The runner lays a request's tree out as consecutive query tokens (root first, topological order) with
-depth positions; their keys and values are already in the paged cache (the backend writes them before
-attending). The backend's kernel attends causally in that flat order, which is wrong for a tree, so
-after it runs, the rows of every tree request are recomputed here: query ``i`` sees the request's whole
-prefix and the tree nodes ``j`` with ``ancestor_mask[i, j]`` (its ancestors and itself).
+The runner lays a request's tree out as consecutive query tokens (root first, topological order) with depth
+positions; their keys and values are in the paged cache (the backend writes them before attending). The
+backend's kernel attends causally in that flat order, which is wrong for a tree, so after it runs, the rows of
+every tree request (paths excepted: for them the kernel is right) are recomputed here, all requests in one
+masked attention per layer: node ``i`` sees the request's whole prefix and the tree nodes that are its ancestors
+or itself.
 
-GPU path, next: the same mask as a per-request custom mask for FlashInfer / a Triton tree-attention
-kernel; :class:`TreeBatch` is already the per-request description such a kernel needs.
+The step's :class:`TreeAttention` travels on the attention metadata vLLM builds for the step (attribute
+:data:`METADATA_ATTRIBUTE`), so it lives exactly as long as that step's metadata.
+
+GPU path, next: the same ``allowed`` mask as a custom mask for FlashInfer, or a tree-aware Triton kernel.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from ..draft import grouped_attention
 from . import paged_kv
+
+METADATA_ATTRIBUTE = "eagle3_tree"
 
 
 @dataclass
-class TreeBatch:
-    """The verification forward's trees: batch row -> ``ancestor_mask [n, n]`` (bool) for its ``n`` query tokens."""
+class TreeAttention:
+    """The step's tree requests: ``rows [R]`` (batch rows), ``queries [R, N]`` (flat index of each node's query
+    token; only ``is_query`` nodes exist), and ``allowed [R, N, L]`` over positions ``0 .. L - 1``, ``L`` a
+    multiple of the block size. ``seconds``: time spent redoing tree rows, all layers."""
 
-    masks: dict[int, torch.Tensor] = field(default_factory=dict)
-    seconds: float = 0.0  # spent redoing tree rows, all layers (the plugin's cost in the forward)
+    rows: torch.Tensor
+    queries: torch.Tensor
+    is_query: torch.Tensor
+    allowed: torch.Tensor
+    seconds: float = 0.0
 
+    @classmethod
+    def build(cls, rows, flat_start, prefix_len, node_count, ancestors, block_size: int) -> "TreeAttention":
+        """``flat_start``, ``prefix_len`` (the root's position) and ``node_count`` per tree row; ``ancestors
+        [R, N, N]`` (each tree's ancestor mask)."""
+        n = ancestors.shape[1]
+        nodes = torch.arange(n)
+        length = int((prefix_len + node_count).max())
+        length = -(-length // block_size) * block_size
+        positions = torch.arange(length)
+        in_tree = positions[None] - prefix_len[:, None]  # [R, L]: node index of a tree position
+        tree_part = torch.gather(ancestors, 2, in_tree.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))
+        tree_part &= ((in_tree >= 0) & (in_tree < node_count[:, None]))[:, None, :]
+        allowed = tree_part | (in_tree < 0)[:, None, :]
+        is_query = nodes[None] < node_count[:, None]
+        return cls(rows, flat_start[:, None] + torch.where(is_query, nodes, 0), is_query, allowed)
 
-_current: TreeBatch | None = None
-
-
-def set_current(batch: TreeBatch | None) -> None:
-    """The runner sets the batch before the target forward and clears it after."""
-    global _current
-    _current = batch if batch is not None and batch.masks else None
-
-
-def attend(query: torch.Tensor, kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
-           ancestor_mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of one request's ``n`` tree queries ``[n, Hq, d]`` over its paged cache -> ``[n, Hq, d]``.
-
-    Keys ``0 .. seq_len - n - 1`` are the prefix (visible to all); the last ``n`` are the tree's nodes.
-    """
-    n, heads, d = query.shape
-    slots = paged_kv.slots_of(block_row, seq_len, kv_cache.shape[2])
-    keys, values = (x.float() for x in paged_kv.gather(kv_cache, slots))
-    group = heads // keys.shape[1]
-    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-    allowed = torch.cat([torch.ones(n, seq_len - n, dtype=torch.bool, device=query.device), ancestor_mask], dim=1)
-    scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), values).to(query.dtype)
+    def redo(self, query, kv_cache, block_table, output, scale: float) -> None:
+        """Recompute the tree rows of ``output [tokens, Hq, D]`` from ``query [tokens, Hq, D]``."""
+        began = time.perf_counter()
+        block_size = kv_cache.shape[2]
+        blocks = block_table[self.rows][:, :self.allowed.shape[2] // block_size]
+        keys, values = paged_kv.gather_blocks(kv_cache, blocks)
+        q = query[self.queries].transpose(1, 2)  # [R, Hq, N, D]
+        out = grouped_attention(q.float(), keys.float(), values.float(), self.allowed, scale).to(output.dtype)
+        output[self.queries[self.is_query]] = out.transpose(1, 2)[self.is_query]
+        self.seconds += time.perf_counter() - began
 
 
 def install() -> None:
@@ -65,28 +77,17 @@ def install() -> None:
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-        batch = _current
-        if batch is None or attn_metadata is None or self.attn_type != AttentionType.DECODER:
+        tree = getattr(attn_metadata, METADATA_ATTRIBUTE, None)
+        if tree is None or self.attn_type != AttentionType.DECODER:
             return result
         if self.sliding_window != -1 or self.logits_soft_cap or self.alibi_slopes is not None or self.sinks is not None:
             raise NotImplementedError("eagle3-plugin tree attention supports plain causal attention only "
                                       "(no sliding window, soft cap, ALiBi or sinks)")
         paged_kv.check_isa(layer.isa)
-        began = time.perf_counter()
         heads, d = self.num_heads, self.head_size
-        out = output.view(output.shape[0], heads, d)
-        q = query.view(query.shape[0], heads, d)
-        starts, seq_lens = attn_metadata.query_start_loc.tolist(), attn_metadata.seq_lens.tolist()
-        for row, mask in batch.masks.items():
-            start, n = starts[row], mask.shape[0]
-            if starts[row + 1] - start != n:
-                raise RuntimeError(f"tree row {row}: {starts[row + 1] - start} query tokens, tree has {n}")
-            out[start:start + n] = attend(q[start:start + n], kv_cache, attn_metadata.block_table[row],
-                                          seq_lens[row], mask, self.scale)
-        batch.seconds += time.perf_counter() - began
+        tree.redo(query.view(query.shape[0], heads, d), kv_cache, attn_metadata.block_table,
+                  output.view(output.shape[0], heads, d), self.scale)
         return result
 
     forward._eagle3_wrapped = True
     CPUAttentionBackendImpl.forward = forward
-
-

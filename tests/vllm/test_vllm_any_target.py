@@ -37,11 +37,12 @@ def test_glm4_target_through_our_capture_matches_the_reference(glm4, prompts, pl
 
     target, draft = glm4
     if worker == "native-chain":
-        config = Eagle3Config.chain(DEPTH, draft=draft, layer_ids=(1, 3, 5))
+        config = Eagle3Config.chain(DEPTH, draft=draft, layer_ids=(1, 3, 5), budget="fixed")
         spec = run_llm(dict(target=target, draft=draft, prompts=prompts, temperature=0.0, max_tokens=MAX_TOKENS,
                             num_speculative_tokens=DEPTH))
     else:
-        config = Eagle3Config(draft=draft, layer_ids=(1, 3, 5), mode="tree", depth=DEPTH, top_k=4, total_tokens=12)
+        config = Eagle3Config(draft=draft, layer_ids=(1, 3, 5), mode="tree", depth=DEPTH, top_k=4, total_tokens=12,
+                              budget="fixed")
         spec = run_llm(dict(target=target, speculative_config=config.to_dict(), prompts=prompts, temperature=0.0,
                             max_tokens=MAX_TOKENS))
     assert spec["tokens"] == plain["tokens"]

@@ -25,7 +25,7 @@ def prompt():
     return encode_prompt(AutoTokenizer.from_pretrained(TARGET), read_prompts(HELDOUT)[3].prompt)
 
 
-TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=3, top_k=4, total_tokens=10)
+TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=3, top_k=4, total_tokens=10, budget="fixed")
 
 
 @pytest.mark.parametrize("worker", ["native-chain", "our-tree"])

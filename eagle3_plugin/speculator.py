@@ -1,0 +1,252 @@
+"""The draft side of one engine step for a whole batch: catch up on what the target just processed, grow the trees.
+
+Every engine (vLLM, SGLang) and the reference generator drive :class:`Speculator` the same way, once per step:
+
+    rows = DraftRows(...)            what the target processed for each request, as draft entries
+    tree = speculator.step(kv, rows, params, random, shape)
+
+- **Catch-up**: one draft forward over every row's new entries (prompt chunks, or a verified tree's accepted
+  path), ragged rows padded to the longest (rows of very different lengths run as two groups); their keys and
+  values go to the draft's KV store at the slots the engine gives, so they stay for later steps.
+- **Tree**: one draft forward per level for the whole batch (EAGLE-2 expansion, :func:`~eagle3_plugin.tree.build_tree`).
+  Level nodes attend to the row's stored context, their ancestors and themselves; their keys and values live
+  only in this step's work buffer, preallocated with room for every level (no concatenation).
+
+Position rule: the draft entry at position ``p`` pairs the target's features at ``p`` with the token at ``p + 1``.
+After a row's entries up to position ``m - 1``, its root (the token at ``m``, the last emitted one) grows a tree
+whose level ``L`` runs at draft position ``m - 1 + L``.
+
+The store (:class:`DraftKV`) is slot-addressed, ``[num_slots, H_kv, D]``: an engine hands views of its own KV
+pool (vLLM's paged cache, SGLang's token pool), so the engine budgets, frees and reuses the draft's memory, and
+the reference generator allocates one. Rows never read a slot of a position they have not written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .config import Eagle3Config
+from .draft import Eagle3Draft, grouped_attention
+from .rng import RowRandom
+from .sampler import SamplingParams
+from .tree import DraftTree, build_chain, build_tree
+
+# Rows whose new entries number at most this run in one padded forward; longer ones (prompt chunks) in another.
+SHORT_ROW = 16
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """One step's tree: ``depth`` levels, ``top_k`` children per expanded node, ``total_tokens`` incl. the root."""
+
+    depth: int
+    top_k: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, config: Eagle3Config) -> "TreeShape":
+        return cls(config.depth, config.top_k, config.total_tokens)
+
+
+@dataclass
+class DraftKV:
+    """The draft's keys and values by slot: ``keys``, ``values`` ``[num_slots, H_kv, D]``."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @classmethod
+    def allocate(cls, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device=None) -> "DraftKV":
+        keys = torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+        return cls(keys, torch.zeros_like(keys))
+
+
+@dataclass
+class DraftRows:
+    """One step's new draft entries, ``B`` rows padded to ``Q``: row ``b``'s entry ``j < count[b]`` sits at draft
+    position ``start[b] + j`` and pairs ``features[b, j]`` (the target's, ``3H`` wide) with ``tokens[b, j]``, the
+    token after it; its last token is the root of the row's next tree. ``slots [B, L]``: the store slot of each
+    of the row's positions ``0 .. L - 1``, ``L >= start + count``; positions before ``start`` are already stored."""
+
+    slots: torch.Tensor
+    start: torch.Tensor
+    count: torch.Tensor
+    tokens: torch.Tensor
+    features: torch.Tensor
+
+    def select(self, index: torch.Tensor) -> "DraftRows":
+        width = int(self.count[index].max())
+        return DraftRows(self.slots[index], self.start[index], self.count[index], self.tokens[index, :width],
+                         self.features[index, :width])
+
+    @property
+    def roots(self) -> torch.Tensor:
+        return self.tokens.gather(1, (self.count - 1)[:, None])[:, 0]
+
+
+@dataclass
+class _Context:
+    """A step's attention context per row, ``[B, H_kv, L, D]`` with ``valid [B, L]`` (free columns after ``used``)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    valid: torch.Tensor
+    used: int
+
+
+class ProposedTrees:
+    """The last step's trees by request, until the engine verifies them (requests change rows between steps)."""
+
+    def __init__(self):
+        self._trees: Optional[DraftTree] = None
+        self._rows: dict = {}
+
+    def set(self, trees: Optional[DraftTree], request_ids) -> None:
+        self._trees = trees
+        self._rows = {} if trees is None else {rid: row for row, rid in enumerate(request_ids)}
+
+    def get(self, request_ids) -> tuple[Optional[DraftTree], torch.Tensor]:
+        """The trees of ``request_ids`` (rows without one get row 0's, flagged False in ``found [B]``)."""
+        rows = torch.tensor([self._rows.get(rid, -1) for rid in request_ids], dtype=torch.long)
+        if self._trees is None:
+            return None, torch.zeros(len(request_ids), dtype=torch.bool)
+        return self._trees.select(rows.clamp(min=0).to(self._trees.tokens.device)), rows >= 0
+
+
+class Speculator:
+    def __init__(self, draft: Eagle3Draft, config: Eagle3Config):
+        self.draft, self.config = draft, config
+
+    def step(self, kv: DraftKV, rows: DraftRows, params: SamplingParams, random: Optional[RowRandom] = None,
+             shape: Optional[TreeShape] = None) -> Optional[DraftTree]:
+        """Catch every row up on its new entries, then grow each row's tree of ``shape`` (default: the config's;
+        ``total_tokens == 1``: catch up only, returns None). ``params`` and ``random`` are per row."""
+        shape = shape or TreeShape.of(self.config)
+        self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
+        grow = shape.total_tokens > 1
+        tree_columns = (shape.depth - 1) * shape.top_k if grow else 0
+        groups = _row_groups(rows.count)
+        if not grow:
+            for index in groups:
+                self._store(kv, rows if len(groups) == 1 else rows.select(index))
+            return None
+        if len(groups) == 1:
+            context, root_hidden = self._catch_up(kv, rows, tree_columns)
+        else:
+            root_hidden = torch.empty(rows.count.shape[0], self.draft.config.hidden_size,
+                                      dtype=rows.features.dtype, device=rows.features.device)
+            for index in groups:
+                root_hidden[index] = self._catch_up(kv, rows.select(index), 0)[1]
+            context = self._stored_context(kv, rows.slots, rows.start + rows.count, tree_columns)
+        expand = _LevelExpander(self.draft, context, root_hidden, rows.start + rows.count - 1, shape.top_k)
+        sample, hot_ids = self.config.tree_sampler == "real", self.draft.hot_token_ids
+        if shape.top_k == 1 and shape.total_tokens == shape.depth + 1:
+            return build_chain(rows.roots, self.draft.logits(root_hidden), expand, shape.depth, params.temperature,
+                               sample, hot_ids, random)
+        return build_tree(rows.roots, self.draft.logits(root_hidden), expand, shape.depth, shape.top_k,
+                          shape.total_tokens, params.temperature, sample, hot_ids, random)
+
+    def _catch_up(self, kv: DraftKV, rows: DraftRows, extra_columns: int) -> tuple[_Context, torch.Tensor]:
+        """One draft forward over ``rows``' new entries, queried at each row's last one; returns the context
+        (stored prefix, then the new entries, then ``extra_columns`` free ones) and each row's output at its last
+        entry. An entry's key and value need no attention, so the other entries run no query."""
+        b, q = rows.tokens.shape
+        device = rows.tokens.device
+        context = self._stored_context(kv, rows.slots, rows.start, q + extra_columns)
+        new = torch.arange(q, device=device)
+        is_new = new[None] < rows.count[:, None]
+        allowed = torch.cat([context.valid[:, None, :context.used], is_new[:, None, :],
+                             torch.zeros(b, 1, extra_columns, dtype=torch.bool, device=device)], dim=2)
+        attention = _BufferAttention(context, context.used, allowed, self.draft.attention_scale)
+        out = self.draft(rows.tokens, self.draft.fuse(rows.features), rows.start[:, None] + new, attention,
+                         queries=(rows.count - 1)[:, None])
+        context.valid[:, context.used:context.used + q] = is_new
+        written = slice(context.used, context.used + q)
+        self._write(kv, rows, context.keys[:, :, written], context.values[:, :, written])
+        context.used += q
+        return context, out[:, 0]
+
+    def _store(self, kv: DraftKV, rows: DraftRows) -> None:
+        """Only the new entries' keys and values, into the store (a step that grows no tree)."""
+        positions = rows.start[:, None] + torch.arange(rows.tokens.shape[1], device=rows.tokens.device)
+        self._write(kv, rows, *self.draft.keys_values(rows.tokens, self.draft.fuse(rows.features), positions))
+
+    @staticmethod
+    def _write(kv: DraftKV, rows: DraftRows, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store the new entries' ``keys``/``values [B, Hkv, Q, D]`` at their rows' slots."""
+        new = torch.arange(keys.shape[2], device=keys.device)
+        is_new = new[None] < rows.count[:, None]
+        positions = (rows.start[:, None] + new).clamp(max=rows.slots.shape[1] - 1)
+        slots = rows.slots.gather(1, positions)[is_new]
+        kv.keys.index_copy_(0, slots, keys.transpose(1, 2)[is_new])
+        kv.values.index_copy_(0, slots, values.transpose(1, 2)[is_new])
+
+    @staticmethod
+    def _stored_context(kv: DraftKV, slots: torch.Tensor, length: torch.Tensor, extra_columns: int) -> _Context:
+        """Each row's stored positions ``0 .. length - 1`` read into a buffer with ``extra_columns`` more."""
+        b = slots.shape[0]
+        width = int(length.max())
+        heads, d = kv.keys.shape[1:]
+        keys = kv.keys.new_zeros(b, heads, width + extra_columns, d)
+        values = torch.zeros_like(keys)
+        stored = slots[:, :width]
+        keys[:, :, :width] = kv.keys[stored].transpose(1, 2)
+        values[:, :, :width] = kv.values[stored].transpose(1, 2)
+        valid = torch.zeros(b, width + extra_columns, dtype=torch.bool, device=slots.device)
+        valid[:, :width] = torch.arange(width, device=slots.device)[None] < length[:, None]
+        return _Context(keys, values, valid, width)
+
+
+class _BufferAttention:
+    """The draft's attention over a :class:`_Context`: the new keys and values go to columns ``at .. at + Q - 1``
+    of its buffer, then every query attends where ``allowed [B, Q, L]``."""
+
+    def __init__(self, context: _Context, at: int, allowed: torch.Tensor, scale: float):
+        self.context, self.at, self.allowed, self.scale = context, at, allowed, scale
+
+    def __call__(self, q, k, v):
+        columns = slice(self.at, self.at + k.shape[2])
+        self.context.keys[:, :, columns] = k
+        self.context.values[:, :, columns] = v
+        return grouped_attention(q, self.context.keys, self.context.values, self.allowed, self.scale)
+
+
+class _LevelExpander:
+    """The ``expand`` callback of :func:`build_tree`: level ``L``'s ``k`` frontier nodes run at draft position
+    ``root_position + L``, fed their parent's output, and see the row's context, their ancestors in earlier
+    levels and themselves; their keys go to the context's free columns, ``k`` per level."""
+
+    def __init__(self, draft: Eagle3Draft, context: _Context, root_hidden: torch.Tensor, root_position: torch.Tensor,
+                 top_k: int):
+        self.draft, self.context, self.root_position = draft, context, root_position
+        b, device = context.valid.shape[0], context.valid.device
+        self.levels = torch.zeros(b, top_k, context.valid.shape[1] - context.used, dtype=torch.bool, device=device)
+        self.eye = torch.eye(top_k, dtype=torch.bool, device=device).expand(b, top_k, top_k)
+        self.hidden = root_hidden[:, None]  # outputs of the previous level's frontier (the root's at first)
+        self.ancestors = None  # [B, k, tree columns]: ancestor-or-self among the levels so far
+
+    def __call__(self, level: int, tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
+        b, k = tokens.shape
+        c = self.context
+        parent_hidden = torch.gather(self.hidden, 1, parent_slot[..., None].expand(-1, -1, self.hidden.shape[-1]))
+        if self.ancestors is None:
+            self.ancestors = torch.zeros_like(self.levels)
+        else:
+            self.ancestors = torch.gather(self.ancestors, 1, parent_slot[..., None].expand_as(self.ancestors))
+        columns = slice((level - 1) * k, level * k)
+        self.ancestors[:, :, columns] = self.eye
+        allowed = torch.cat([c.valid[:, None, :c.used].expand(b, k, -1), self.ancestors], dim=2)
+        attention = _BufferAttention(c, c.used + (level - 1) * k, allowed, self.draft.attention_scale)
+        self.hidden = self.draft(tokens, parent_hidden, self.root_position[:, None] + level, attention)
+        return self.draft.logits(self.hidden)
+
+
+def _row_groups(count: torch.Tensor) -> list[torch.Tensor]:
+    """Row indices to run together: all rows, or the short rows and the long ones when both are present."""
+    short = count <= SHORT_ROW
+    if bool(short.all()) or not bool(short.any()):
+        return [torch.arange(count.shape[0], device=count.device)]
+    return [torch.nonzero(short)[:, 0], torch.nonzero(~short)[:, 0]]

@@ -1,0 +1,150 @@
+"""One engine step of vLLM's runner, translated to and from the core: the trees it verifies, what they emit, the
+KV moves of the accepted paths, and the draft entries for the core :class:`~eagle3_plugin.speculator.Speculator`.
+
+Batch rows are vLLM's (``input_batch`` order). A row with scheduled draft tokens verifies our last tree for its
+request, cut to the nodes the scheduler kept; every other row (prompt chunk, plain decode) verifies a root-only
+tree, which is plain sampling from its last token's logits. All of it runs batched, one op per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..sampler import SamplingParams, Verdict, verify_tree
+from ..speculator import DraftRows, ProposedTrees
+from ..tree import DraftTree
+from .paged_kv import block_slots
+from .tree_attention import TreeAttention
+
+
+@dataclass
+class Step:
+    req_ids: list
+    base: torch.Tensor  # [B] position of each row's first query token (a tree's root)
+    flat_start: torch.Tensor  # [B] index of that token in the step's flat token list
+    count: torch.Tensor  # [B] query tokens of the row
+    node_count: torch.Tensor  # [B] tree nodes verified (1: root only)
+    prefilling: torch.Tensor  # [B] bool: a prompt chunk that is not the last (vLLM discards its sample)
+    tree: DraftTree
+    tree_attention: Optional[TreeAttention]
+    verdict: Optional[Verdict] = None
+    emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
+    began: float = 0.0  # when the step's preparation began (perf_counter)
+    tokens: int = 0  # tokens the target runs in the step
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @classmethod
+    def build(cls, runner, scheduler_output, num_scheduled_tokens, pending: ProposedTrees) -> "Step":
+        """The step vLLM scheduled; sets tree rows' positions to root + depth. ``pending``: our last trees."""
+        batch = runner.input_batch
+        req_ids = list(batch.req_ids)
+        b = len(req_ids)
+        base = torch.from_numpy(batch.num_computed_tokens_cpu[:b]).long()
+        flat_start = torch.from_numpy(runner.query_start_loc.np[:b]).long()
+        count = torch.from_numpy(num_scheduled_tokens[:b]).long()
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
+        prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
+        tree = _trees(pending, req_ids, node_count)
+        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None)
+        has_tree = node_count > 1
+        if bool(has_tree.any()):
+            step._check_scheduled_tokens(runner.input_ids.cpu)
+            nodes = torch.arange(tree.size)
+            is_node = (nodes[None] < node_count[:, None]) & has_tree[:, None]
+            flat = (flat_start[:, None] + nodes)[is_node]
+            runner.positions[flat] = (base[:, None] + tree.depths)[is_node].to(runner.positions.dtype)
+            not_path = has_tree & ((tree.depths != nodes) & is_node).any(1)
+            if bool(not_path.any()):
+                rows = torch.nonzero(not_path)[:, 0]
+                block_size = runner.kv_cache_config.kv_cache_groups[runner._target_group].kv_cache_spec.block_size
+                step.tree_attention = TreeAttention.build(rows, flat_start[rows], base[rows], node_count[rows],
+                                                          tree.select(rows).ancestor_mask(), block_size)
+        return step
+
+    def _check_scheduled_tokens(self, input_ids: torch.Tensor) -> None:
+        nodes = torch.arange(self.tree.size)
+        is_draft = (nodes[None] < self.node_count[:, None]) & (nodes[None] > 0)
+        flat = (self.flat_start[:, None] + nodes)[is_draft]
+        if not torch.equal(input_ids[flat].long(), self.tree.tokens[is_draft]):
+            raise RuntimeError("eagle3-plugin: the scheduled draft tokens are not our last trees")
+
+    def _logit_rows(self) -> torch.Tensor:
+        """``[B, N]``: the flat logits row of each verified node (vLLM samples ``node_count`` per row)."""
+        offset = torch.cumsum(self.node_count, 0) - self.node_count
+        nodes = torch.arange(self.tree.size)
+        return offset[:, None] + torch.where(nodes[None] < self.node_count[:, None], nodes, 0)
+
+    def verify(self, logits, params: SamplingParams, method: str, random) -> None:
+        """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them."""
+        self.verdict = verify_tree(self.tree, logits[self._logit_rows()].float(), params, method, random)
+        self.emitted = self.verdict.emitted(self.tree).to(torch.int32)
+
+    def emitted_logit_rows(self) -> torch.Tensor:
+        """``[B, W]``: the flat logits row that predicted each emitted token (padding: the row's first)."""
+        return self._logit_rows().gather(1, self.verdict.accepted.clamp(min=0))
+
+    def moves(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat token indices ``(src, dst)``: each accepted node's KV goes to the slot of its depth."""
+        path = self.verdict.accepted
+        depth = torch.arange(path.shape[1])
+        moved = (path >= 0) & (path != depth)
+        return (self.flat_start[:, None] + path)[moved], (self.flat_start[:, None] + depth)[moved]
+
+    def prefilling_rows(self) -> list[int]:
+        return torch.nonzero(self.prefilling)[:, 0].tolist()
+
+
+def _trees(pending: ProposedTrees, req_ids: list, node_count: torch.Tensor) -> DraftTree:
+    """Each row's tree: its request's last proposal cut to ``node_count`` nodes (1: the root alone)."""
+    trees, found = pending.get(req_ids)
+    if bool((~found & (node_count > 1)).any()):
+        raise RuntimeError("eagle3-plugin: a request has scheduled draft tokens but no tree of ours")
+    if trees is None:
+        zeros = torch.zeros(len(req_ids), 1, dtype=torch.long)
+        return DraftTree(zeros, zeros - 1, zeros)
+    return trees.truncated(node_count)
+
+
+def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Tensor, block_size: int) -> DraftRows:
+    """The draft entries this step gives each row: a tree row's accepted path (root first) paired with the tokens
+    it emitted; any other row's query tokens paired with the next token (the one it emitted, or the next prompt
+    token for a prompt chunk that is not the last)."""
+    verdict, b = step.verdict, step.num_reqs
+    has_tree = step.node_count > 1
+    entries = torch.where(has_tree, verdict.num_accepted + 1, step.count)
+    width = int(entries.max())
+    j = torch.arange(width)
+    path = verdict.accepted[:, :width].clamp(min=0)
+    if path.shape[1] < width:
+        path = torch.cat([path, path.new_zeros(b, width - path.shape[1])], dim=1)
+    node = torch.where(has_tree[:, None], path, j[None])
+    src = (step.flat_start[:, None] + node).clamp(max=features.shape[0] - 1)
+    input_ids = runner.input_ids.cpu
+    following = input_ids[(src + 1).clamp(max=input_ids.shape[0] - 1)].long()
+    token_ids = torch.from_numpy(runner.input_batch.token_ids_cpu)
+    next_prompt = token_ids[torch.arange(b), (step.base + step.count).clamp(max=token_ids.shape[1] - 1)].long()
+    last = torch.where(step.prefilling, next_prompt, step.emitted[:, 0].long())
+    plain = torch.where(j[None] == (step.count - 1)[:, None], last[:, None], following)
+    emitted = step.emitted.long()
+    if emitted.shape[1] < width:
+        emitted = torch.cat([emitted, emitted.new_zeros(b, width - emitted.shape[1])], dim=1)
+    tokens = torch.where(has_tree[:, None], emitted[:, :width], plain).clamp(min=0)  # padding: any valid id
+    slots = block_slots(block_table, int((step.base + entries).max()), block_size)
+    return DraftRows(slots, step.base, entries, tokens, features[src])
+
+
+def sampling_params(metadata, num_reqs: int, vocab_size: int) -> SamplingParams:
+    """vLLM's per-row sampling settings as the core's (greedy rows: temperature 0; top-k at the vocabulary: off)."""
+    temperature = (torch.zeros(num_reqs) if metadata.temperature is None
+                   else metadata.temperature[:num_reqs].float().clamp(min=0))
+    top_k = (torch.zeros(num_reqs, dtype=torch.long) if metadata.top_k is None
+             else metadata.top_k[:num_reqs].long())
+    top_p = torch.ones(num_reqs) if metadata.top_p is None else metadata.top_p[:num_reqs].float()
+    return SamplingParams(temperature, torch.where(top_k >= vocab_size, 0, top_k), top_p)

@@ -1,0 +1,90 @@
+"""The batched speculator drafts each row exactly as it would alone: same store contents, same trees, greedy and
+sampled (each row with its own generator), over steps of ragged prompt chunks and accepted paths, with short and
+long rows in one step (two catch-up groups) and slots scattered like a paged cache's."""
+
+import pytest
+import torch
+
+from eagle3_plugin.config import Eagle3Config
+from eagle3_plugin.rng import RowRandom
+from eagle3_plugin.sampler import SamplingParams
+from eagle3_plugin.speculator import SHORT_ROW, DraftKV, DraftRows, Speculator, TreeShape
+
+CONFIG = Eagle3Config(depth=4, top_k=3, total_tokens=12)
+
+
+@pytest.fixture
+def speculator(target, draft):
+    draft.attach_embedding(target.get_input_embeddings())
+    return Speculator(draft, CONFIG)
+
+
+def histories(batch, steps, vocab, feature_size, seed=0):
+    """Per row, per step: (number of new entries, tokens, features); the first step is a long prompt chunk for
+    some rows, so short and long rows meet in one step."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for row in range(batch):
+        counts = [int(torch.randint(20, 40, (1,), generator=g)) if row % 2 else 3]
+        counts += [int(torch.randint(1, CONFIG.depth + 2, (1,), generator=g)) for _ in range(steps - 1)]
+        out.append([(n, torch.randint(3, vocab, (n,), generator=g), torch.randn(n, feature_size, generator=g))
+                    for n in counts])
+    return out
+
+
+def run(speculator, rows_history, slots_per_row, params, seeds, kv):
+    """Drive ``speculator`` over the given rows together; returns the trees of every step."""
+    b = len(rows_history)
+    start = torch.zeros(b, dtype=torch.long)
+    trees = []
+    randoms = RowRandom(None, {r: torch.Generator().manual_seed(s) for r, s in enumerate(seeds)})
+    for step in range(len(rows_history[0])):
+        entries = [h[step] for h in rows_history]
+        q = max(n for n, _, _ in entries)
+        tokens = torch.zeros(b, q, dtype=torch.long)
+        features = torch.zeros(b, q, entries[0][2].shape[1])
+        for r, (n, t, f) in enumerate(entries):
+            tokens[r, :n], features[r, :n] = t, f
+        count = torch.tensor([n for n, _, _ in entries])
+        rows = DraftRows(slots_per_row, start.clone(), count, tokens, features)
+        trees.append(speculator.step(kv, rows, params, randoms))
+        start += count
+    return trees
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_rows_draft_as_they_would_alone(speculator, target, temperature):
+    batch, steps, span = 5, 4, 80
+    c = speculator.draft.config
+    history = histories(batch, steps, target.config.vocab_size, 3 * c.target_hidden_size)
+    assert max(h[0][0] for h in history) > SHORT_ROW >= min(h[0][0] for h in history)
+    perm = torch.randperm(batch * span, generator=torch.Generator().manual_seed(1))  # scattered slots
+    slots = perm.view(batch, span)
+    params = SamplingParams.uniform(batch, temperature=temperature)
+    seeds = list(range(10, 10 + batch))
+    together_kv = DraftKV.allocate(batch * span, c.num_key_value_heads, c.head_dim, torch.float32)
+    together = run(speculator, history, slots, params, seeds, together_kv)
+    for row in range(batch):
+        alone_kv = DraftKV.allocate(batch * span, c.num_key_value_heads, c.head_dim, torch.float32)
+        alone = run(speculator, [history[row]], slots[row:row + 1], params.select(torch.tensor([row])),
+                    [seeds[row]], alone_kv)
+        written = slots[row, :sum(n for n, _, _ in history[row])]
+        assert torch.allclose(together_kv.keys[written], alone_kv.keys[written], atol=1e-5)
+        for t_all, t_one in zip(together, alone):
+            assert torch.equal(t_all.tokens[row], t_one.tokens[0])
+            assert torch.equal(t_all.parents[row], t_one.parents[0])
+            if temperature > 0:
+                assert torch.allclose(t_all.draft_probs[row], t_one.draft_probs[0], atol=1e-5)
+
+
+def test_catch_up_only_and_smaller_shapes(speculator, target):
+    c = speculator.draft.config
+    kv = DraftKV.allocate(64, c.num_key_value_heads, c.head_dim, torch.float32)
+    rows = DraftRows(torch.arange(64).view(2, 32), torch.zeros(2, dtype=torch.long), torch.tensor([5, 3]),
+                     torch.randint(3, target.config.vocab_size, (2, 5)), torch.randn(2, 5, 3 * c.target_hidden_size))
+    params = SamplingParams.uniform(2)
+    assert speculator.step(kv, rows, params, shape=TreeShape(CONFIG.depth, 1, 1)) is None
+    assert kv.keys[:5].abs().sum() > 0 and kv.keys[32:35].abs().sum() > 0 and kv.keys[35:].abs().sum() == 0
+    chain = speculator.step(kv, DraftRows(rows.slots, rows.count, torch.ones(2, dtype=torch.long),
+                                          rows.tokens[:, :1], rows.features[:, :1]), params, shape=TreeShape(3, 1, 4))
+    assert chain.tokens.shape == (2, 4) and (chain.parents[:, 1:] == torch.arange(3)).all()
