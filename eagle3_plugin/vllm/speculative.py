@@ -61,10 +61,6 @@ def install() -> None:
 
     def create_engine_config(self, *args, **kwargs):
         if isinstance(self.speculative_config, dict) and is_ours(self.speculative_config):
-            if self.enable_prefix_caching:
-                raise Eagle3Error("eagle3-plugin's tree worker keeps its own draft cache per request and cannot "
-                                  "use prefix caching: drop --enable-prefix-caching")
-            self.enable_prefix_caching = False
             self.speculative_config, extra = engine_settings(self.speculative_config)
             self.additional_config = {**(self.additional_config or {}), **extra}
         return original(self, *args, **kwargs)

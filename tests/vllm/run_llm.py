@@ -2,7 +2,8 @@
 
 Used by the vLLM tests, which start it with different ``VLLM_PLUGINS`` settings (plugins load once per
 process). Arguments: one JSON object on standard input (see ``main``). ``prompts`` is one batch;
-``batches`` several, each its own ``generate`` call, with the spec-decode counters of that call alone.
+``batches`` several, each its own ``generate`` call, with the counters of that call alone. ``engine``: more
+``LLM`` arguments (prefix caching, block size, a KV budget).
 """
 
 import json
@@ -10,9 +11,13 @@ import os
 import sys
 
 
+COUNTERS = ("spec_decode", "prefix_cache_hits", "prefix_cache_queries", "num_preemptions")
+
+
 def spec_counters(llm) -> dict:
-    return {m.name: getattr(m, "value", None) or getattr(m, "values", None)
-            for m in llm.get_metrics() if "spec_decode" in m.name}
+    """vLLM's speculative-decoding, prefix-cache and preemption counters."""
+    return {m.name: m.value if hasattr(m, "value") else m.values for m in llm.get_metrics()
+            if any(name in m.name for name in COUNTERS) and (hasattr(m, "value") or hasattr(m, "values"))}
 
 
 def difference(after: dict, before: dict) -> dict:
@@ -29,6 +34,7 @@ def main() -> None:
 
     kwargs = dict(model=spec["target"], dtype="float32", max_model_len=512, seed=spec.get("seed", 0),
                   enforce_eager=True, disable_log_stats=False)
+    kwargs.update(spec.get("engine", {}))
     if spec.get("speculative_config"):
         kwargs["speculative_config"] = spec["speculative_config"]
     elif spec.get("draft"):

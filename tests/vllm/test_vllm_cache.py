@@ -1,0 +1,87 @@
+"""The draft's KV lives in vLLM's paged cache, so vLLM's prefix caching and preemption cover it.
+
+- Prefix caching on (vLLM's default): requests sharing a 200-token prefix hit the cache (its hit counter rises),
+  their greedy outputs equal transformers' greedy decoding, and our tree accepts exactly what it accepts with
+  prefix caching off (the cached blocks' draft entries are reused, not recomputed).
+- Preemption: a KV budget too small for every request at once makes vLLM preempt and later recompute requests;
+  greedy outputs stay identical, and acceptance is the reference generator's but for the rounds preemption moved:
+  vLLM drops a preempted request's draft tokens and its resumed prefill samples one token plainly, so each resume
+  shifts where later rounds begin (at most one round more or fewer per preemption).
+"""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import DRAFT, HELDOUT, TARGET
+from eagle3_plugin.config import Eagle3Config
+from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
+from eagle3_plugin.sampler import SamplingParams
+from vllm_support import run_llm
+
+MAX_TOKENS = 48
+TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=5, top_k=8, total_tokens=32,
+                    budget="fixed").to_dict()
+SPEC_KEYS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens",
+             "vllm:spec_decode_num_accepted_tokens_per_pos")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(TARGET)
+
+
+@pytest.fixture(scope="module")
+def shared_prefix_prompts(tokenizer):
+    """Six prompts: one 200-token prefix (held-out code), then each its own held-out prompt."""
+    records = read_prompts(HELDOUT)
+    prefix = []
+    for r in records[20:]:
+        prefix += encode_prompt(tokenizer, r.prompt)
+        if len(prefix) >= 200:
+            break
+    return [prefix[:200] + encode_prompt(tokenizer, r.prompt)[1:] for r in records[:6]]
+
+
+def hf_greedy(prompts):
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
+    out = []
+    for ids in prompts:
+        gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                              pad_token_id=2, eos_token_id=None)
+        out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+def test_prefix_caching_reuses_the_drafts_kv(shared_prefix_prompts):
+    batches = [shared_prefix_prompts[:1], shared_prefix_prompts[1:]]  # the first request fills the cache
+    runs = {cached: run_llm(dict(target=TARGET, speculative_config=TREE, batches=batches, temperature=0.0,
+                                 max_tokens=MAX_TOKENS, engine=dict(enable_prefix_caching=cached, block_size=32,
+                                                                    max_model_len=1024)))["batches"]
+            for cached in (True, False)}
+    on, off = runs[True], runs[False]
+    assert on[1]["metrics"]["vllm:prefix_cache_hits"] >= 5 * 160  # each later request: 5 blocks of 32 (eagle drops one)
+    assert off[1]["metrics"].get("vllm:prefix_cache_hits", 0) == 0
+    want = hf_greedy(shared_prefix_prompts)
+    assert on[0]["tokens"] + on[1]["tokens"] == want == off[0]["tokens"] + off[1]["tokens"]
+    for key in SPEC_KEYS:
+        assert on[1]["metrics"][key] == off[1]["metrics"][key], key
+
+
+def test_preemption_keeps_outputs_and_acceptance(tokenizer):
+    prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
+    # 12 requests need about 60 blocks of 32 tokens at once (prompt, 48 new tokens, 31 draft slots); give 14.
+    out = run_llm(dict(target=TARGET, speculative_config=TREE, prompts=prompts, temperature=0.0,
+                       max_tokens=MAX_TOKENS, engine=dict(block_size=32, num_gpu_blocks_override=14, max_model_len=256)))
+    assert out["metrics"]["vllm:num_preemptions"] > 0
+    assert out["tokens"] == hf_greedy(prompts)
+    gen = SpeculativeGenerator.from_pretrained(TARGET, Eagle3Config.from_dict(TREE))
+    ref = AcceptanceStats(5)
+    for p in prompts:
+        ref.merge(gen.generate([p], MAX_TOKENS, SamplingParams.uniform(1)).stats)
+    metrics = out["metrics"]
+    rounds, preemptions = metrics["vllm:spec_decode_num_drafts"], metrics["vllm:num_preemptions"]
+    assert abs(rounds - ref.rounds) <= preemptions
+    mal = 1 + metrics["vllm:spec_decode_num_accepted_tokens"] / rounds
+    assert mal == pytest.approx(ref.mean_acceptance_length, rel=0.05)
