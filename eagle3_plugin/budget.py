@@ -1,25 +1,28 @@
 """How much to speculate in a step: the tree shape that maximises expected tokens per second for the step's load.
 
 Speculation pays when the tokens a round accepts are worth more than what the round costs: with ``B`` requests in
-a step, shape ``s`` (``n_s`` tree nodes per request, root included) is worth
+a step, shape ``s`` is worth
 
-    B * (1 + accepted_s) / (step(B * n_s tokens) + draft_s(B))
+    B * (1 + accepted_s) / (verify_s(B) + draft_s(B))
 
-tokens per second, against ``B / step(B)`` without speculation. At batch 1 a step costs about the same for 1 or 32
-tokens and the biggest tree wins; under load the target's forward grows with every node verified, the tree shrinks
-toward a chain and then to no speculation. The engines call :meth:`TreeBudget.shape` before drafting and
-:meth:`TreeBudget.record` after verifying. Costs and acceptance are measured, never assumed:
+tokens per second, ``s = none`` (no speculation) being worth ``B / (verify_none(B) + draft_none(B))``. At batch 1
+a step costs about the same for 1 or 32 tokens and the biggest tree wins; under load the target's forward grows
+with every node verified, the tree shrinks toward a chain and then to no speculation. The engines call
+:meth:`TreeBudget.shape` before drafting and :meth:`TreeBudget.record` after each step. Costs and acceptance are
+measured, never assumed:
 
-- ``draft_s(B)``: seconds of the core speculator per step for each shape, measured at start-up on synthetic rows
-  (:func:`measure_draft_costs`, a line in ``B``), then corrected online by the time each step really took;
-- ``step(tokens)``: the rest of an engine step (target forward, tree attention, verification, the engine's own
-  work), a line in the tokens it verifies, fitted online from every step (recursive least squares, forgetting);
+- ``draft_s(B)``: seconds of the core speculator per step for each shape (for none: the draft's catch-up alone),
+  measured at start-up on synthetic rows (:func:`measure_draft_costs`, a line in ``B``), then scaled online by
+  what drafting really took;
+- ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
+  attention, verification, the engine's own work), a line in ``B`` per shape, fitted online on steps without
+  prompt chunks (recursive least squares with forgetting);
 - ``accepted_s``: accepted draft tokens per request per round, an average over recent rounds; rounds of a tree
   also tell what its chain would have accepted (the first child at each level is the chain's node).
 
-The ladder of shapes is the configured tree, the chain of its depth, and none. A shape not run for a while is
-probed once so its acceptance stays current. ``budget: "fixed"`` always drafts the configured tree, and so does
-a step with a seeded request (the draws a round makes depend on its shape).
+The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements,
+or not run for a while, is probed. ``budget: "fixed"`` always drafts the configured tree, and so does a step with
+a seeded request (the draws a round makes depend on its shape).
 """
 
 from __future__ import annotations
@@ -36,16 +39,18 @@ from .speculator import DraftKV, DraftRows, Speculator, TreeShape
 from .tree import DraftTree
 
 NONE = TreeShape(1, 1, 1)
-PROBE_EVERY = 64  # steps between probes of a shape that is not being run
-FORGET = 0.98  # per-step weight of the past in the online fits
+PROBE_EVERY = 200  # steps between probes of a shape that is not being run
+FORGET = 0.95  # weight of the past per observation in the online fits
+MIN_OBSERVATIONS = 3
 
 
 @dataclass
 class Line:
     """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting."""
 
-    fixed: float
-    per_unit: float
+    fixed: float = 0.0
+    per_unit: float = 0.0
+    observations: int = 0
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
 
     def __call__(self, units: float) -> float:
@@ -55,8 +60,9 @@ class Line:
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
         n, sx, sy, sxx, sxy = self._stats
+        self.observations += 1
         spread = sxx - sx * sx / n
-        if n >= 2 and spread > 1e-9 * max(sxx, 1.0):
+        if spread > 1e-6 * max(sxx, 1.0):
             self.per_unit = max((sxy - sx * sy / n) / spread, 0.0)
         self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
 
@@ -66,7 +72,6 @@ def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype
     """Seconds per speculator step for each shape, a line in the batch size, on synthetic rows (random features,
     ``context`` stored positions, one new entry per row: a decode step)."""
     c = speculator.draft.config
-    vocab = c.vocab_size
     biggest = max(batches)
     kv = DraftKV.allocate(biggest * (context + 1), c.num_key_value_heads, c.head_dim, dtype, device)
     slots = torch.arange(biggest * (context + 1), device=device).view(biggest, context + 1)
@@ -74,8 +79,9 @@ def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype
     for shape in shapes:
         seconds = []
         for b in batches:
-            rows = DraftRows(slots[:b], torch.full((b,), context, device=device), torch.ones(b, dtype=torch.long,
-                             device=device), torch.randint(vocab, (b, 1), device=device),
+            rows = DraftRows(slots[:b], torch.full((b,), context, device=device),
+                             torch.ones(b, dtype=torch.long, device=device),
+                             torch.randint(c.vocab_size, (b, 1), device=device),
                              torch.randn(b, 1, feature_size, dtype=dtype, device=device))
             params = SamplingParams.uniform(b, device=device)
             timings = []
@@ -84,21 +90,20 @@ def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype
                 speculator.step(kv, rows, params, shape=shape)
                 timings.append(time.perf_counter() - began)
             seconds.append(min(timings[1:]))
-        per_row = (seconds[-1] - seconds[0]) / (batches[-1] - batches[0]) if len(batches) > 1 else 0.0
-        out[shape] = Line(max(seconds[0] - per_row * batches[0], 0.0), max(per_row, 0.0))
+        per_row = max((seconds[-1] - seconds[0]) / (batches[-1] - batches[0]), 0.0) if len(batches) > 1 else 0.0
+        out[shape] = Line(max(seconds[0] - per_row * batches[0], 0.0), per_row)
     return out
 
 
 class TreeBudget:
     def __init__(self, config: Eagle3Config, draft_costs: Optional[dict] = None):
-        self.config = config
         tree = TreeShape.of(config)
         chain = TreeShape(config.depth, 1, config.depth + 1)
         self.shapes = [tree] + ([chain] if chain != tree else []) + [NONE]
         self.auto = config.budget == "auto"
         self.draft_costs = draft_costs or {}
         self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
-        self.step_cost = Line(0.0, 0.0)
+        self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: None for s in self.shapes}  # mean accepted draft tokens per request per round
         self.accepted[NONE] = 0.0
         self.last_run = {s: 0 for s in self.shapes}
@@ -110,37 +115,37 @@ class TreeBudget:
         self.steps += 1
         if not self.auto or seeded:
             return self.shapes[0]
-        for s in self.shapes:  # never measured, or not run for a while: probe it
-            if s is not NONE and (self.accepted[s] is None or self.steps - self.last_run[s] > PROBE_EVERY):
+        for s in self.shapes:  # too few measurements, or not run for a while: probe it
+            if (self.verify_cost[s].observations < MIN_OBSERVATIONS or self.accepted[s] is None
+                    or self.steps - self.last_run[s] > PROBE_EVERY):
                 return s
         return max(self.shapes, key=lambda s: self.tokens_per_second(s, batch))
 
     def tokens_per_second(self, s: TreeShape, batch: int) -> float:
-        seconds = self.step_cost(batch * s.total_tokens) + self.draft_seconds(s, batch)
-        return batch * (1 + (self.accepted[s] or 0.0)) / max(seconds, 1e-9)
+        seconds = self.verify_cost[s](batch) + self.draft_seconds(s, batch)
+        return batch * (1 + self.accepted[s]) / max(seconds, 1e-9)
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
-        return 0.0 if line is None or s is NONE else self.draft_scale[s] * line(batch)
+        return 0.0 if line is None else self.draft_scale[s] * line(batch)
 
-    def record(self, shape: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict], verified_tokens: int,
-               step_seconds: float, draft_seconds: float, batch: int) -> None:
-        """After a step: the shape its trees were drafted with, the trees verified (``trees [B, N]`` and their
-        ``verdict``, rows with a tree only; None when nothing was verified), the tokens the target verified in the
-        step, the step's seconds and the drafting's part of them, for ``batch`` requests."""
-        self.step_cost.observe(verified_tokens, max(step_seconds - draft_seconds, 0.0))
-        if shape is not NONE and self.draft_costs.get(shape) is not None and batch > 0:
-            measured = self.draft_costs[shape](batch)
-            if measured > 0:
-                self.draft_scale[shape] = 0.9 * self.draft_scale[shape] + 0.1 * draft_seconds / measured
+    def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
+               decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
+        """After a step of ``batch`` requests: the shape its trees were drafted with last step (``verified``) and
+        this step (``drafted``), the trees verified (``trees [R, N]`` and their ``verdict``, rows with a tree only;
+        None when none was), whether the step ran no prompt chunk, its seconds and the drafting's part of them."""
+        self.last_run[verified] = self.steps
+        if decode_only and batch > 0:
+            self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0))
+        measured = self.draft_costs.get(drafted)
+        if measured is not None and batch > 0 and measured(batch) > 0:
+            self.draft_scale[drafted] = 0.9 * self.draft_scale[drafted] + 0.1 * draft_seconds / measured(batch)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
-        self.last_run[shape] = self.steps
-        self._average(shape, float(verdict.num_accepted.float().mean()))
+        self._average(verified, float(verdict.num_accepted.float().mean()))
         chain = self.shapes[1] if len(self.shapes) > 2 else None
-        if chain is not None and shape != chain:
+        if chain is not None and verified != chain:
             self._average(chain, float(_chain_accepted(trees, verdict.accepted).float().mean()))
-            self.last_run[chain] = self.steps
 
     def _average(self, shape: TreeShape, value: float) -> None:
         old = self.accepted[shape]

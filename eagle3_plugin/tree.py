@@ -53,7 +53,12 @@ class DraftTree:
         return DraftTree(self.tokens[:, :n], self.parents[:, :n], self.depths[:, :n], probs, self.hot_ids)
 
     def ancestor_mask(self) -> torch.Tensor:
-        """``[B, N, N]`` bool: node j is node i or one of its ancestors (the tree attention mask)."""
+        """``[B, N, N]`` bool: node j is node i or one of its ancestors (the tree attention mask); computed once."""
+        if self.__dict__.get("_ancestors") is None:
+            self.__dict__["_ancestors"] = self._ancestor_mask()
+        return self.__dict__["_ancestors"]
+
+    def _ancestor_mask(self) -> torch.Tensor:
         b, n = self.parents.shape
         eye = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(b, n, n)
         mask, up, has_parent = eye, self.parents.clamp(min=0)[..., None].expand(b, n, n), (self.parents >= 0)[..., None]

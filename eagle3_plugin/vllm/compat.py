@@ -23,7 +23,8 @@ REQUIRED_INTERNALS = (
     ("vllm.model_executor.models.interfaces", "SupportsEagle3.set_aux_hidden_state_layers", ("layers",)),
     # our config -> vLLM's, in additional_config
     ("vllm.engine.arg_utils", "EngineArgs.create_engine_config", ()),
-    ("vllm.engine.arg_utils", "EngineArgs", ("speculative_config", "additional_config", "enable_prefix_caching")),
+    ("vllm.engine.arg_utils", "EngineArgs", ("speculative_config", "additional_config", "tensor_parallel_size",
+                                             "pipeline_parallel_size", "data_parallel_size")),
     ("vllm.config.vllm", "VllmConfig", ("additional_config",)),
     # tree attention on the CPU backend
     ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl.forward",

@@ -2,8 +2,9 @@
 
     python -m eagle3_plugin.vllm.serve_demo --target DIR --speculative-config CONFIG --prompts FILE
 
-Runs the same prompts one at a time against a server without speculation, then one with it, and prints
-tokens/s of both, their ratio, and the mean acceptance length from the server's own ``/metrics``.
+Runs the same prompts one at a time against a server without speculation, one with vLLM's native EAGLE-3 chain
+(same draft, depth as ours) and one with our config, one server at a time, and prints tokens/s of each, their
+ratios, and the mean acceptance length from each server's own ``/metrics``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .speculative import speculative_config
 
 def serve_and_measure(target: str, args: list[str], prompts: list[str], max_tokens: int, log: str):
     with running_server(target, args, log) as (host, port):
-        stream_completion(host, port, target, prompts[0], 4)  # warm-up
+        stream_completion(host, port, target, prompts[0], max_tokens)  # warm-up, not timed
         before = spec_counters(host, port)
         done = [stream_completion(host, port, target, p, max_tokens) for p in prompts]
         after = spec_counters(host, port)
@@ -36,9 +37,9 @@ def describe(spec: dict) -> str:
     if "mode" not in spec:
         return f"vLLM's native EAGLE-3 chain of {spec.get('num_speculative_tokens')}"
     if spec["mode"] == "chain":
-        return f"EAGLE-3 chain of {spec['depth']} (eagle3-plugin)"
+        return f"EAGLE-3 chain of {spec['depth']} (eagle3-plugin, {spec.get('budget', 'auto')} budget)"
     return (f"EAGLE-3 dynamic tree, depth {spec['depth']}, top_k {spec['top_k']}, {spec['total_tokens']} tokens/round "
-            "(eagle3-plugin)")
+            f"(eagle3-plugin, {spec.get('budget', 'auto')} budget)")
 
 
 def main(argv=None) -> int:
@@ -56,20 +57,26 @@ def main(argv=None) -> int:
         print(f"serve_demo: error: {e}", file=sys.stderr)
         return 2
     common = ["--dtype", "float32", "--max-model-len", "2048"]
+    native = spec_json  # vLLM's own config compares with itself
+    if "mode" in spec_json:
+        native = {"method": "eagle3", "model": spec_json["draft"], "num_speculative_tokens": spec_json["depth"]}
+    servers = {"no speculation": [], describe(native): ["--speculative-config", json.dumps(native)],
+               describe(spec_json): ["--speculative-config", json.dumps(spec_json)]}
     logs = tempfile.mkdtemp(prefix="eagle3-serve-")
-    print(f"starting vLLM servers on 127.0.0.1 (logs in {logs}) ...", file=sys.stderr)
-    base_tps, _, base_text = serve_and_measure(a.target, common, prompts, a.max_new_tokens,
-                                               os.path.join(logs, "plain.log"))
-    spec_tps, mal, spec_text = serve_and_measure(
-        a.target, common + ["--speculative-config", json.dumps(spec_json)], prompts, a.max_new_tokens,
-        os.path.join(logs, "eagle3.log"))
-    print(f"## vllm serve on 127.0.0.1: {len(prompts)} requests, {a.max_new_tokens} tokens each, greedy, "
-          f"{describe(spec_json)}\n")
-    print("| server | tokens/s | mean acceptance length |")
-    print("|---|---:|---:|")
-    print(f"| no speculation | {base_tps:.1f} | |")
-    print(f"| EAGLE-3 | {spec_tps:.1f} | {mal:.3f} |")
-    print(f"\nspeedup {spec_tps / base_tps:.2f}x; outputs identical: {'yes' if spec_text == base_text else 'NO'}")
+    print(f"starting vLLM servers on 127.0.0.1, one at a time (logs in {logs}) ...", file=sys.stderr)
+    results = {name: serve_and_measure(a.target, common + args, prompts, a.max_new_tokens,
+                                       os.path.join(logs, f"server{i}.log"))
+               for i, (name, args) in enumerate(servers.items())}
+    (base_tps, _, base_text), (native_tps, _, _) = results["no speculation"], results[describe(native)]
+    print(f"## vllm serve on 127.0.0.1: {len(prompts)} requests one at a time, {a.max_new_tokens} tokens each, "
+          "greedy\n")
+    print("| server | tokens/s | vs no speculation | vs native chain | mean acceptance length |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (tps, mal, _) in results.items():
+        print(f"| {name} | {tps:.1f} | {tps / base_tps:.2f}x | {tps / native_tps:.2f}x | "
+              f"{'' if mal is None else f'{mal:.3f}'} |")
+    same = all(text == base_text for _, _, text in results.values())
+    print(f"\noutputs identical to no speculation: {'yes' if same else 'NO'}")
     return 0
 
 

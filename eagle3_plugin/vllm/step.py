@@ -33,7 +33,6 @@ class Step:
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
     began: float = 0.0  # when the step's preparation began (perf_counter)
-    tokens: int = 0  # tokens the target runs in the step
 
     @property
     def num_reqs(self) -> int:
@@ -65,7 +64,7 @@ class Step:
                 rows = torch.nonzero(not_path)[:, 0]
                 block_size = runner.kv_cache_config.kv_cache_groups[runner._target_group].kv_cache_spec.block_size
                 step.tree_attention = TreeAttention.build(rows, flat_start[rows], base[rows], node_count[rows],
-                                                          tree.select(rows).ancestor_mask(), block_size)
+                                                          tree.ancestor_mask()[rows], block_size)
         return step
 
     def _check_scheduled_tokens(self, input_ids: torch.Tensor) -> None:
@@ -85,6 +84,12 @@ class Step:
         """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them."""
         self.verdict = verify_tree(self.tree, logits[self._logit_rows()].float(), params, method, random)
         self.emitted = self.verdict.emitted(self.tree).to(torch.int32)
+
+    def sampled(self, tokens: torch.Tensor) -> None:
+        """A step without trees, sampled by vLLM: one token per row (``tokens [B]``)."""
+        zeros = torch.zeros_like(tokens)
+        self.verdict = Verdict(zeros[:, None], zeros, tokens)
+        self.emitted = tokens[:, None].to(torch.int32)
 
     def emitted_logit_rows(self) -> torch.Tensor:
         """``[B, W]``: the flat logits row that predicted each emitted token (padding: the row's first)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -37,6 +38,10 @@ class TreeAttention:
     is_query: torch.Tensor
     allowed: torch.Tensor
     seconds: float = 0.0
+    _blocks: Optional[tuple] = None  # (block table it was read from, the rows' block ids): same for every layer
+
+    def __post_init__(self):
+        self.query_tokens = self.queries[self.is_query]  # flat indices of the real query tokens
 
     @classmethod
     def build(cls, rows, flat_start, prefix_len, node_count, ancestors, block_size: int) -> "TreeAttention":
@@ -57,12 +62,12 @@ class TreeAttention:
     def redo(self, query, kv_cache, block_table, output, scale: float) -> None:
         """Recompute the tree rows of ``output [tokens, Hq, D]`` from ``query [tokens, Hq, D]``."""
         began = time.perf_counter()
-        block_size = kv_cache.shape[2]
-        blocks = block_table[self.rows][:, :self.allowed.shape[2] // block_size]
-        keys, values = paged_kv.gather_blocks(kv_cache, blocks)
+        if self._blocks is None or self._blocks[0] is not block_table:
+            self._blocks = (block_table, block_table[self.rows][:, :self.allowed.shape[2] // kv_cache.shape[2]])
+        keys, values = paged_kv.gather_blocks(kv_cache, self._blocks[1])
         q = query[self.queries].transpose(1, 2)  # [R, Hq, N, D]
-        out = grouped_attention(q.float(), keys.float(), values.float(), self.allowed, scale).to(output.dtype)
-        output[self.queries[self.is_query]] = out.transpose(1, 2)[self.is_query]
+        out = grouped_attention(q, keys, values, self.allowed, scale)
+        output[self.query_tokens] = out.transpose(1, 2)[self.is_query].to(output.dtype)
         self.seconds += time.perf_counter() - began
 
 

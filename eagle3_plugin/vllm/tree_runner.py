@@ -94,7 +94,7 @@ class TreeSpeculationRunner(CPUModelRunner):
         self.speculator = Speculator(draft, self.eagle3)
         costs = None
         if self.eagle3.budget == "auto":
-            shapes = TreeBudget(self.eagle3).shapes[:-1]
+            shapes = TreeBudget(self.eagle3).shapes
             costs = measure_draft_costs(self.speculator, shapes, 3 * draft.config.target_hidden_size,
                                         self.model_config.dtype, self.device)
         self.budget = TreeBudget(self.eagle3, costs)
@@ -129,7 +129,6 @@ class TreeSpeculationRunner(CPUModelRunner):
             raise RuntimeError("structured output reached the tree worker (admission should have refused it)")
         self._step = Step.build(self, scheduler_output, num_scheduled_tokens, self._pending)
         self._step.began = began
-        self._step.tokens = int(scheduler_output.total_num_scheduled_tokens)
         self.timings.steps += 1
         self.timings.prepare += time.perf_counter() - began
         return result
@@ -151,6 +150,11 @@ class TreeSpeculationRunner(CPUModelRunner):
         if step.tree_attention is not None:
             self.timings.tree_attention += step.tree_attention.seconds
         began = time.perf_counter()
+        if not bool((step.node_count > 1).any()):  # nothing to verify: vLLM's own sampler decides
+            output = super()._sample(logits, spec_decode_metadata)
+            step.sampled(output.sampled_token_ids[:, 0].long())
+            self.timings.verify += time.perf_counter() - began
+            return output
         metadata = self.input_batch.sampling_metadata
         _check_supported(metadata)
         random = RowRandom(self._generator, metadata.generators)
@@ -212,8 +216,10 @@ class TreeSpeculationRunner(CPUModelRunner):
         ended = time.perf_counter()
         self.timings.draft += ended - began
         verified = step.node_count > 1
-        self.budget.record(self._drafted, step.tree.select(verified) if bool(verified.any()) else None,
-                           step.verdict.select(verified), step.tokens, ended - step.began, ended - began,
+        has_tree = bool(verified.any())
+        self.budget.record(self._drafted, shape, step.tree.select(verified) if has_tree else None,
+                           step.verdict.select(verified) if has_tree else None,
+                           bool((step.count == step.node_count).all()), ended - step.began, ended - began,
                            step.num_reqs)
         self._drafted = shape
         return drafts

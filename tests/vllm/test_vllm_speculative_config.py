@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from bundled import DRAFT
+from bundled import DRAFT, TARGET
 from eagle3_plugin.errors import Eagle3Error
 from eagle3_plugin.vllm.serve import rewrite_args
 from eagle3_plugin.vllm.speculative import engine_settings, speculative_config
@@ -54,3 +54,11 @@ def test_launcher_rewrites_model_and_config(chain_file):
     assert args[-2:] == ["--port", "8000"]
     eq = rewrite_args(["--model", "m", f"--speculative-config={chain_file}"])
     assert json.loads(eq[-1].split("=", 1)[1])["mode"] == "chain"
+
+
+@pytest.mark.parametrize("parallel", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)])
+def test_parallel_engines_are_refused_with_one_message(parallel):
+    from vllm.engine.arg_utils import EngineArgs
+    args = EngineArgs(model=TARGET, speculative_config={"draft": DRAFT, "mode": "chain", "depth": 3}, **parallel)
+    with pytest.raises(Eagle3Error, match="runs on one device"):
+        args.create_engine_config()
