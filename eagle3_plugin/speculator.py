@@ -98,22 +98,40 @@ class _Context:
 
 
 class ProposedTrees:
-    """The last step's trees by request, until the engine verifies them (requests change rows between steps)."""
+    """Each request's last proposed tree, until the engine verifies it. Requests change rows between steps, and
+    a step may propose for only some of them (a prompt batch beside running decodes, a token budget), so entries
+    are kept per request; :meth:`drop` forgets finished ones."""
 
     def __init__(self):
-        self._trees: Optional[DraftTree] = None
-        self._rows: dict = {}
+        self._entries: dict = {}  # request id -> (the step's trees, its row)
 
     def set(self, trees: Optional[DraftTree], request_ids) -> None:
-        self._trees = trees
-        self._rows = {} if trees is None else {rid: row for row, rid in enumerate(request_ids)}
+        for row, rid in enumerate(request_ids):
+            if trees is None:
+                self._entries.pop(rid, None)
+            else:
+                self._entries[rid] = (trees, row)
+
+    def drop(self, request_ids) -> None:
+        for rid in request_ids:
+            self._entries.pop(rid, None)
 
     def get(self, request_ids) -> tuple[Optional[DraftTree], torch.Tensor]:
-        """The trees of ``request_ids`` (rows without one get row 0's, flagged False in ``found [B]``)."""
-        rows = torch.tensor([self._rows.get(rid, -1) for rid in request_ids], dtype=torch.long)
-        if self._trees is None:
-            return None, torch.zeros(len(request_ids), dtype=torch.bool)
-        return self._trees.select(rows.clamp(min=0).to(self._trees.tokens.device)), rows >= 0
+        """The trees of ``request_ids`` as one batch (narrower ones padded with detached nodes); a request without
+        one gets another's, flagged False in ``found [B]``."""
+        entries = [self._entries.get(rid) for rid in request_ids]
+        found = torch.tensor([e is not None for e in entries], dtype=torch.bool)
+        known = [e for e in entries if e is not None]
+        if not known:
+            return None, found
+        entries = [e if e is not None else known[0] for e in entries]
+        batches = list({id(trees): trees for trees, _ in entries}.values())
+        if len(batches) == 1:
+            rows = torch.tensor([row for _, row in entries], device=batches[0].tokens.device)
+            return batches[0].select(rows), found
+        width = max(t.size for t in batches)
+        return DraftTree.stack([trees.select(torch.tensor([row], device=trees.tokens.device)).padded(width)
+                                for trees, row in entries]), found
 
 
 class Speculator:

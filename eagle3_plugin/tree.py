@@ -104,6 +104,25 @@ class DraftTree:
         return DraftTree(self.tokens, torch.where(kept, self.parents, -1), torch.where(kept, self.depths, 0),
                          self.draft_probs, self.hot_ids)
 
+    def padded(self, n: int) -> "DraftTree":
+        """The same trees with ``n`` nodes: the added ones detached (parent -1, depth 0, no children)."""
+        extra = n - self.size
+        if extra <= 0:
+            return self
+        b, device = self.tokens.shape[0], self.tokens.device
+        zeros = torch.zeros(b, extra, dtype=torch.long, device=device)
+        probs = None if self.draft_probs is None else torch.cat(
+            [self.draft_probs, self.draft_probs.new_zeros(b, extra, self.draft_probs.shape[2])], dim=1)
+        return DraftTree(torch.cat([self.tokens, zeros], 1), torch.cat([self.parents, zeros - 1], 1),
+                         torch.cat([self.depths, zeros], 1), probs, self.hot_ids)
+
+    @staticmethod
+    def stack(trees: list["DraftTree"]) -> "DraftTree":
+        """Trees of one size, row batches concatenated (draft probabilities kept only if every batch has them)."""
+        probs = [t.draft_probs for t in trees]
+        return DraftTree(*(torch.cat([getattr(t, name) for t in trees]) for name in ("tokens", "parents", "depths")),
+                         None if any(p is None for p in probs) else torch.cat(probs), trees[0].hot_ids)
+
     def select(self, rows: torch.Tensor) -> "DraftTree":
         """The trees of ``rows``."""
         probs = None if self.draft_probs is None else self.draft_probs[rows]

@@ -88,3 +88,24 @@ def test_catch_up_only_and_smaller_shapes(speculator, target):
     chain = speculator.step(kv, DraftRows(rows.slots, rows.count, torch.ones(2, dtype=torch.long),
                                           rows.tokens[:, :1], rows.features[:, :1]), params, shape=TreeShape(3, 1, 4))
     assert chain.tokens.shape == (2, 4) and (chain.parents[:, 1:] == torch.arange(3)).all()
+
+
+def test_proposed_trees_are_kept_per_request():
+    """A step that proposes for some requests (new prompts) keeps the others' trees; batches of different widths
+    come back padded with detached nodes."""
+    from eagle3_plugin.speculator import ProposedTrees
+    from eagle3_plugin.tree import DraftTree
+
+    def trees(b, n, first):
+        nodes = torch.arange(n).expand(b, n)
+        return DraftTree(first + torch.arange(b)[:, None] * 10 + nodes, nodes - 1, nodes.clone())
+
+    proposed = ProposedTrees()
+    proposed.set(trees(3, 4, 100), ["a", "b", "c"])
+    proposed.set(trees(1, 6, 500), ["d"])
+    got, found = proposed.get(["c", "d", "a", "x"])
+    assert found.tolist() == [True, True, True, False]
+    assert got.tokens[0].tolist() == [120, 121, 122, 123, 0, 0] and got.parents[0, 4:].tolist() == [-1, -1]
+    assert got.tokens[1].tolist() == list(range(500, 506)) and got.tokens[2, :4].tolist() == [100, 101, 102, 103]
+    proposed.drop(["a"])
+    assert proposed.get(["a"])[1].tolist() == [False]

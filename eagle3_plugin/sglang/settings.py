@@ -5,19 +5,18 @@ speculators, EAGLE) or our ``eagle3.json``. When the draft folder holds an ``eag
 one) and no tree flag is given, its tree shape fills ``--speculative-num-steps`` (= our depth),
 ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` (= our total_tokens); explicit flags win.
 The file's other settings (``tree_sampler``, ``layer_ids``) reach the scheduler processes through the
-environment variable :data:`CONFIG_ENV`, set in the launcher before they start. Our worker needs the features of every token of a request, so SGLang's radix cache (which skips the
-forward of cached prefixes) is switched off.
+environment variable :data:`CONFIG_ENV`, set in the launcher before they start. SGLang's radix cache stays on:
+the draft's keys and values live in SGLang's draft pool at the same slots as the target's, and SGLang keys its
+EAGLE radix tree by token pairs, so a cached prefix brings exact draft entries.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 
 from ..config import CONFIG_FILENAME, Eagle3Config
 from ..layers import to_ours
 
-logger = logging.getLogger(__name__)
 
 ALGORITHM = "EAGLE3"
 CONFIG_ENV = "EAGLE3_PLUGIN_SGLANG_CONFIG"
@@ -38,7 +37,7 @@ def our_config_file(draft_path: str | None) -> str | None:
 
 
 def resolve_server_args(server_args) -> None:
-    """BEFORE SGLang's ``handle_speculative_decoding``: apply our ``eagle3.json``; radix cache off."""
+    """BEFORE SGLang's ``handle_speculative_decoding``: apply our ``eagle3.json``."""
     from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
 
@@ -56,9 +55,6 @@ def resolve_server_args(server_args) -> None:
         if all(flag is None for flag in flags):
             fields.update(speculative_num_steps=ours.depth, speculative_eagle_topk=ours.top_k,
                           speculative_num_draft_tokens=ours.total_tokens)
-    if not cfg.disable_radix_cache:
-        fields["disable_radix_cache"] = True
-        logger.info("eagle3-plugin: radix cache disabled (the draft needs the target features of every token)")
     if fields:
         declare_resolution(server_args, "eagle3-plugin", **fields)
 

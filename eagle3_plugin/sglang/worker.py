@@ -173,12 +173,13 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         return params, RowRandom(self._generator, seeded)
 
     def _track(self, req) -> None:
-        """Forget the request's generator once SGLang drops the request."""
+        """Forget the request's tree and generator once SGLang drops the request."""
         if req.rid not in self._known:
             self._known.add(req.rid)
             weakref.finalize(req, self._forget, req.rid)
 
     def _forget(self, rid: str) -> None:
+        self.proposed.drop([rid])
         self._seeded.pop(rid, None)
         self._known.discard(rid)
 

@@ -120,6 +120,11 @@ class TreeSpeculationRunner(CPUModelRunner):
 
     # -- one step --------------------------------------------------------------------------------
 
+    def _update_states(self, scheduler_output):
+        if self.eagle3 is not None:
+            self._pending.drop(scheduler_output.finished_req_ids)
+        return super()._update_states(scheduler_output)
+
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         if self.eagle3 is None:

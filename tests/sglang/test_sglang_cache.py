@@ -1,0 +1,66 @@
+"""SGLang's radix cache and retraction with our worker (the draft's KV lives in SGLang's draft pool).
+
+- Radix cache on (SGLang's default): requests sharing a 200-token prefix reuse it (SGLang's ``cached_tokens``
+  rise), their greedy outputs equal transformers' greedy decoding, and our tree accepts exactly what it accepts
+  with the radix cache off.
+- Retraction: a token pool too small for every request at once makes SGLang retract requests and run them
+  again later; greedy outputs stay identical.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import DRAFT, HELDOUT, TARGET
+from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from sglang_env import server
+
+MAX_TOKENS = 48
+TREE = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT, "--speculative-num-steps", "5",
+        "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"]
+GREEDY = {"max_new_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(TARGET)
+
+
+def hf_greedy(prompts):
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
+    return [target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                            pad_token_id=2, eos_token_id=None)[0, len(ids):].tolist() for ids in prompts]
+
+
+def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
+    records = read_prompts(HELDOUT)
+    prefix = []
+    for r in records[20:]:
+        prefix += encode_prompt(tokenizer, r.prompt)
+        if len(prefix) >= 200:
+            break
+    prompts = [prefix[:200] + encode_prompt(tokenizer, r.prompt)[1:] for r in records[:6]]
+    runs = {}
+    for cached in (True, False):
+        args = TREE + ([] if cached else ["--disable-radix-cache"])
+        with server(TARGET, args, str(tmp_path / f"radix-{cached}.log")) as s:
+            first = s.generate(prompts[0], GREEDY)  # fills the cache
+            runs[cached] = [first] + s.generate(prompts[1:], GREEDY)
+    on, off = runs[True], runs[False]
+    assert all(o["meta_info"]["cached_tokens"] >= 190 for o in on[1:])
+    assert all(o["meta_info"]["cached_tokens"] == 0 for o in off)
+    assert [o["output_ids"] for o in on] == hf_greedy(prompts) == [o["output_ids"] for o in off]
+    for key in ("spec_verify_ct", "spec_num_correct_drafts"):
+        assert [o["meta_info"][key] for o in on] == [o["meta_info"][key] for o in off], key
+
+
+def test_retraction_keeps_outputs(tokenizer, tmp_path):
+    prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
+    log = tmp_path / "retract.log"
+    with server(TARGET, TREE + ["--max-total-tokens", "700"], str(log)) as s:
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            out = list(pool.map(lambda p: s.generate(p, GREEDY), prompts))
+    assert "KV cache pool is full. Retract requests" in log.read_text()  # SGLang logs each retraction
+    assert [o["output_ids"] for o in out] == hf_greedy(prompts)
