@@ -21,6 +21,10 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs", ()),
     ("vllm.model_executor.models.interfaces", "supports_eagle3", ("model",)),
     ("vllm.model_executor.models.interfaces", "SupportsEagle3.set_aux_hidden_state_layers", ("layers",)),
+    # --speculative-config PATH.json on vLLM's command line; the vllm script's version lookup (start-up hook)
+    ("vllm.engine.arg_utils", "EngineArgs.add_cli_args", ("parser",)),
+    ("vllm.engine.arg_utils", "AsyncEngineArgs.add_cli_args", ("parser",)),
+    ("vllm.entrypoints.cli.main", "main", ()),
     # our config -> vLLM's, in additional_config
     ("vllm.engine.arg_utils", "EngineArgs.create_engine_config", ()),
     ("vllm.engine.arg_utils", "EngineArgs", ("speculative_config", "additional_config", "tensor_parallel_size",

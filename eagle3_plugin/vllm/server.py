@@ -1,4 +1,4 @@
-"""Run our vLLM OpenAI server as a child process on 127.0.0.1, and talk to it (stdlib only).
+"""Run ``vllm serve`` as a child process on 127.0.0.1, and talk to it (stdlib only).
 
 Used by the served demo and the server tests: start, wait until healthy, stream completions, read the
 speculative-decoding counters from ``/metrics``, stop.
@@ -29,7 +29,8 @@ def running_server(model: str, args: list[str], log_path: str, startup_timeout: 
     only if it has not exited 60 s later.
     """
     port = free_port()
-    cmd = [sys.executable, "-m", "eagle3_plugin.vllm.serve", model, "--host", "127.0.0.1", "--port", str(port),
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")  # vLLM's own CLI, as a user types it
+    cmd = [vllm, "serve", model, "--host", "127.0.0.1", "--port", str(port),
            "--shutdown-timeout", "30", *args]  # drain on SIGTERM instead of aborting the engine
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     with ServerProcess(cmd, port, log_path, env=env, start_timeout=startup_timeout, name="vLLM server"):

@@ -51,9 +51,43 @@ def engine_settings(ours: dict) -> tuple[dict, dict]:
     return vllm, {ADDITIONAL_CONFIG_KEY: config.to_dict() | {"draft": vllm["model"]}}
 
 
+CLI_SWITCH = "EAGLE3_VLLM_CLI"  # "0": --speculative-config is vLLM's alone (JSON), as without the plugin
+
+
+def speculative_config_type(vllm_type):
+    """``--speculative-config``'s argument type with the plugin: a path to an existing ``.json`` file is our
+    config (checked; ``draft`` relative to the file's folder); anything else goes to vLLM's ``json.loads``."""
+    def parse(value: str):
+        if value.endswith(".json") and os.path.isfile(value):
+            try:
+                return speculative_config(value)
+            except Eagle3Error as e:
+                raise ValueError(str(e)) from None  # argparse names the argument and exits 2
+        return vllm_type(value)
+
+    parse.eagle3 = True
+    parse.__name__ = "speculative_config"
+    return parse
+
+
 def install() -> None:
-    """Translate our config when vLLM builds its engine config (in the process that parses arguments)."""
+    """Translate our config when vLLM builds its engine config (in the process that parses arguments), and read
+    ``--speculative-config PATH.json`` on vLLM's command line. vLLM's server CLI loads general plugins before it
+    adds the engine's arguments (``AsyncEngineArgs.add_cli_args``), so wrapping ``EngineArgs.add_cli_args``
+    here reaches ``vllm serve``."""
     from vllm.engine.arg_utils import EngineArgs
+
+    original_cli = EngineArgs.add_cli_args
+    if os.environ.get(CLI_SWITCH, "1") != "0" and not getattr(original_cli, "_eagle3_wrapped", False):
+        def add_cli_args(parser, *args, **kwargs):
+            parser = original_cli(parser, *args, **kwargs)
+            action = parser._option_string_actions["--speculative-config"]
+            if not getattr(action.type, "eagle3", False):
+                action.type = speculative_config_type(action.type)
+            return parser
+
+        add_cli_args._eagle3_wrapped = True
+        EngineArgs.add_cli_args = staticmethod(add_cli_args)
 
     original = EngineArgs.create_engine_config
     if getattr(original, "_eagle3_wrapped", False):

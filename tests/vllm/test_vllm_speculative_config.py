@@ -8,7 +8,6 @@ import pytest
 
 from bundled import DRAFT, TARGET
 from eagle3_plugin.errors import Eagle3Error
-from eagle3_plugin.vllm.serve import rewrite_args
 from eagle3_plugin.vllm.speculative import engine_settings, speculative_config
 
 
@@ -47,13 +46,16 @@ def test_layer_ids_must_agree_with_what_vllm_reads(tmp_path):
         speculative_config(json.dumps({"draft": str(draft), "mode": "chain", "depth": 3, "layer_ids": [0, 2, 4]}))
 
 
-def test_launcher_rewrites_model_and_config(chain_file):
-    args = rewrite_args(["checkpoints/target", "--speculative-config", chain_file, "--port", "8000"])
-    assert args[:2] == ["--model", "checkpoints/target"]
-    assert json.loads(args[args.index("--speculative-config") + 1])["depth"] == 4
-    assert args[-2:] == ["--port", "8000"]
-    eq = rewrite_args(["--model", "m", f"--speculative-config={chain_file}"])
-    assert json.loads(eq[-1].split("=", 1)[1])["mode"] == "chain"
+def test_vllm_cli_reads_our_file_and_passes_json_through(chain_file):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    ours = parser.parse_args(["--speculative-config", chain_file]).speculative_config
+    assert ours["mode"] == "chain" and ours["draft"] == DRAFT
+    native = {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 2}
+    assert parser.parse_args(["-sc", json.dumps(native)]).speculative_config == native
+    inline = parser.parse_args(["--speculative-config", json.dumps({"mode": "chain", "depth": 2})])
+    assert inline.speculative_config == {"mode": "chain", "depth": 2}
 
 
 @pytest.mark.parametrize("parallel", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)])
