@@ -69,7 +69,8 @@ def _add_bench(sub) -> None:
                         "the shape the load pays for (vllm)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-args", type=shlex.split, default=(), metavar="'ARGS'",
-                   help="extra server arguments for --engine sglang, e.g. '--device cpu --dtype float32'")
+                   help="extra engine arguments: vllm serve's for --engine vllm (e.g. '--max-model-len 512'), the "
+                        "server's for --engine sglang (e.g. '--device cpu --dtype float32')")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--plot", dest="plot_out", metavar="OUT.png")
     p.set_defaults(run=_run_bench)

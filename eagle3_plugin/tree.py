@@ -118,10 +118,16 @@ class DraftTree:
 
     @staticmethod
     def stack(trees: list["DraftTree"]) -> "DraftTree":
-        """Trees of one size, row batches concatenated (draft probabilities kept only if every batch has them)."""
-        probs = [t.draft_probs for t in trees]
+        """Trees of one size, row batches concatenated. A batch drafted without sampling rows carries no draft
+        probabilities; beside batches that do, its rows (greedy ones) get zeros, which no verification reads."""
+        with_probs = [t for t in trees if t.draft_probs is not None]
+        probs = None
+        if with_probs:
+            like = with_probs[0].draft_probs
+            probs = torch.cat([t.draft_probs if t.draft_probs is not None else
+                               like.new_zeros(t.tokens.shape[0], *like.shape[1:]) for t in trees])
         return DraftTree(*(torch.cat([getattr(t, name) for t in trees]) for name in ("tokens", "parents", "depths")),
-                         None if any(p is None for p in probs) else torch.cat(probs), trees[0].hot_ids)
+                         probs, with_probs[0].hot_ids if with_probs else trees[0].hot_ids)
 
     def select(self, rows: torch.Tensor) -> "DraftTree":
         """The trees of ``rows``."""

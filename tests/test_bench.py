@@ -136,3 +136,16 @@ def test_check_refuses_reports_measured_differently(tmp_path, capsys):
     (tmp_path / "a.json").write_text(json.dumps(other))
     assert main(["check", str(tmp_path / "a.json"), "--baseline", os.path.join(BASELINES, "reference-tree.json")]) == 2
     assert "measured differently" in capsys.readouterr().err
+
+
+def test_vllm_bench_takes_the_context_length_from_the_target(tmp_path):
+    """A target whose config allows 512 positions benches on vLLM with no extra flag (no hard-coded length)."""
+    import shutil
+    target = tmp_path / "target-512"
+    shutil.copytree(TARGET, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 512}))
+    out = tmp_path / "r.json"
+    assert main(["bench", "--engine", "vllm", "--target", str(target), "--draft", DRAFT, "--prompts", HELDOUT,
+                 "--max-prompts", "2", "--max-new-tokens", "8", "--chain", "3", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["greedy_match"] is True

@@ -109,3 +109,18 @@ def test_proposed_trees_are_kept_per_request():
     assert got.tokens[1].tolist() == list(range(500, 506)) and got.tokens[2, :4].tolist() == [100, 101, 102, 103]
     proposed.drop(["a"])
     assert proposed.get(["a"])[1].tolist() == [False]
+
+
+def test_proposed_trees_of_greedy_and_sampling_steps_mix():
+    """Trees drafted in a step without sampling rows (no draft probabilities) stack with ones that have them."""
+    from eagle3_plugin.speculator import ProposedTrees
+    from eagle3_plugin.tree import DraftTree
+    nodes = torch.arange(3).expand(1, 3)
+    greedy = DraftTree(nodes.clone(), nodes - 1, nodes.clone())
+    sampled = DraftTree(nodes + 5, nodes - 1, nodes.clone(), torch.full((1, 3, 4), 0.25), torch.arange(4))
+    proposed = ProposedTrees()
+    proposed.set(greedy, ["g"])
+    proposed.set(sampled, ["s"])
+    got, _ = proposed.get(["g", "s"])
+    assert got.draft_probs.shape == (2, 3, 4) and got.draft_probs[0].sum() == 0 and got.draft_probs[1].sum() == 3
+    assert torch.equal(got.hot_ids, torch.arange(4))

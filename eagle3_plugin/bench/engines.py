@@ -49,14 +49,15 @@ class VllmEngine:
     COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
     PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
-    def __init__(self, target_dir: str, config: Eagle3Config):
+    def __init__(self, target_dir: str, config: Eagle3Config, engine_args=()):
         import os
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
 
         from ..vllm.speculative import speculative_config
-        common = dict(model=target_dir, dtype="float32", max_model_len=2048, enforce_eager=True,
-                      disable_log_stats=False)
+        # The context length is the target's (vLLM reads it from its config) unless --engine-args sets one.
+        common = dict(model=target_dir, dtype="float32", enforce_eager=True, disable_log_stats=False)
+        common.update(vllm_engine_kwargs(engine_args))
         self.depth = config.depth
         self.plain = LLM(**common)
         self.spec = LLM(**common, speculative_config=speculative_config(config.to_dict()))
@@ -87,6 +88,19 @@ class VllmEngine:
 
     def close(self) -> None:
         del self.spec, self.plain
+
+
+def vllm_engine_kwargs(engine_args) -> dict:
+    """``vllm serve``-style arguments (``--max-model-len 512 --no-enforce-eager``) as ``LLM`` keyword arguments,
+    parsed by vLLM's own engine argument parser; only the ones given."""
+    import argparse
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS  # what was not given stays out
+    return vars(parser.parse_args(list(engine_args)))
 
 
 class SglangEngine:
@@ -156,7 +170,7 @@ def open_engine(name: str, target_dir: str, config: Eagle3Config, engine_args=()
     if name == "reference":
         return ReferenceEngine(target_dir, config)
     if name == "vllm":
-        return VllmEngine(target_dir, config)
+        return VllmEngine(target_dir, config, engine_args)
     if name == "sglang":
         return SglangEngine(target_dir, config, engine_args)
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")

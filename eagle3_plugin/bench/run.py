@@ -66,14 +66,15 @@ def bench(args: BenchArgs) -> dict:
     config = speculation_config(args)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     prompts = [encode_prompt(tokenizer, r.prompt) for r in records]
-    if args.engine_args and args.engine != "sglang":
-        raise Eagle3Error("--engine-args is for --engine sglang (extra arguments for its servers)")
+    if args.engine_args and args.engine == "reference":
+        raise Eagle3Error("--engine-args is for --engine vllm or sglang (extra engine or server arguments)")
     engine = open_engine(args.engine, args.target, config, args.engine_args)
     try:
         outputs = {}  # all prompts without speculation, then all with it (an engine may hold one mode at a time)
         with tqdm(total=2 * len(prompts), desc=f"bench {args.engine}", unit="generation", file=sys.stderr) as bar:
             for speculative in (False, True):
-                engine.generate(prompts[0][:8], 4, args.temperature, speculative, args.seed, None)  # warm-up
+                # warm-up, not timed: a whole first generation, so neither mode's one-off costs land in its timing
+                engine.generate(prompts[0], args.max_new_tokens, args.temperature, speculative, args.seed, None)
                 for i, prompt in enumerate(prompts):
                     outputs[speculative, i] = engine.generate(prompt, args.max_new_tokens, args.temperature,
                                                               speculative, args.seed + i, tokenizer.eos_token_id)
@@ -84,8 +85,8 @@ def bench(args: BenchArgs) -> dict:
     finally:
         engine.close()
     settings = {"depth": config.depth, "top_k": config.top_k, "total_tokens": config.total_tokens,
-                "tree_sampler": config.tree_sampler, "budget": config.budget, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-                "target": args.target, "draft": args.draft, "prompts": args.prompts}
+                "tree_sampler": config.tree_sampler, "budget": config.budget, "max_new_tokens": args.max_new_tokens,
+                "seed": args.seed, "target": args.target, "draft": args.draft, "prompts": args.prompts}
     report = build_report(results, engine=args.engine, mode=config.mode, temperature=args.temperature,
                           depth=config.depth, settings=settings)
     if args.json_out:

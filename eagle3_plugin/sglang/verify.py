@@ -16,6 +16,7 @@ The tree mask is SGLang's CPU layout (``QLEN_ONLY``): row ``row * N + i`` holds 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,9 +39,11 @@ class TreeVerifyInput(EagleVerifyInput):
     method: str = "real"
     vocab_size: int = 0
     verdict: Optional[Verdict] = None
+    seconds: float = 0.0  # spent in :meth:`sample`
 
     def sample(self, logits: torch.Tensor):
         """``logits [bs * N, >= vocab]`` -> ``(predict, accept_lens, accept_index)`` as ``eagle_sample`` returns."""
+        began = time.perf_counter()
         bs, n = self.trees.tokens.shape
         logits = logits[:, :self.vocab_size].float().view(bs, n, self.vocab_size)
         self.verdict = verdict = verify_tree(self.trees, logits, self.params, self.method, self.random)
@@ -52,6 +55,7 @@ class TreeVerifyInput(EagleVerifyInput):
         predict = torch.zeros(bs * n, dtype=torch.int32, device=logits.device)
         emitted = verdict.emitted(self.trees)
         predict[flat[accepted >= 0]] = emitted[accepted >= 0].to(torch.int32)
+        self.seconds += time.perf_counter() - began
         return predict, (verdict.num_accepted + 1).to(torch.int32), accept_index
 
 

@@ -17,6 +17,8 @@ SGLang's draft worker is otherwise never run. Other algorithms (EAGLE, STANDALON
 from __future__ import annotations
 
 import logging
+import os
+import time
 import weakref
 
 import torch
@@ -27,6 +29,7 @@ from ..convert import load_source
 from ..rng import RowRandom
 from ..sampler import SamplingParams
 from ..speculator import DraftKV, DraftRows, ProposedTrees, Speculator
+from ..timings import FILE_ENV, PluginTimings
 from . import capture, settings
 from .verify import build_verify_input
 
@@ -73,6 +76,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._seeded: dict[str, torch.Generator] = {}
         self._known: set[str] = set()
         self._draft_kv = None  # SGLang's draft pool, allocated after the workers are built
+        self.timings = PluginTimings()
+        self._timings_file = os.environ.get(FILE_ENV)
         logger.info("eagle3-plugin worker: %s, capture ids %s (ours), tree sampler %s", self.eagle3.mode,
                     list(layer_ids), self.eagle3.tree_sampler)
 
@@ -86,6 +91,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
                 result = self._prefill(batch)
             else:
                 result = self._decode(batch, grammar_barrier)
+        self.timings.steps += 1
+        if self._timings_file:
+            self.timings.write(self._timings_file)
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         return result
@@ -116,6 +124,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         trees, found = self.proposed.get(rids)
         if trees is None or not bool(found.all()):
             raise RuntimeError("eagle3-plugin: a request reached decode without a proposed tree")
+        began = time.perf_counter()
         params, random = self._sampling(batch)
         verify_input = build_verify_input(
             trees, batch.seq_lens, params=params, random=random, method=self.eagle3.tree_sampler,
@@ -123,7 +132,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             num_draft_tokens=self.speculative_num_draft_tokens)
         root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
+        self.timings.prepare += time.perf_counter() - began
         result = self.verify(batch, grammar_barrier=grammar_barrier)
+        self.timings.verify += verify_input.seconds
         verdict, n = verify_input.verdict, self.speculative_num_draft_tokens
         rows = torch.arange(len(rids), device=self.device)
         count = verdict.num_accepted + 1
@@ -135,10 +146,12 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
 
     def _propose(self, batch, rows: DraftRows) -> None:
         """Catch every request up on ``rows`` (the draft's KV into SGLang's draft pool) and keep its next tree."""
+        began = time.perf_counter()
         params, random = self._sampling(batch)
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
         self.proposed.set(self.speculator.step(self._draft_kv, rows, params, random), [req.rid for req in batch.reqs])
+        self.timings.draft += time.perf_counter() - began
 
     def _slots(self, batch, length: torch.Tensor) -> torch.Tensor:
         """``[B, L]``: the KV slot of each request's positions ``0 .. L - 1`` (SGLang's ``req_to_token``)."""

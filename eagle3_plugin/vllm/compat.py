@@ -45,6 +45,7 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids",
      ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states", "sample_hidden_states",
       "aux_hidden_states")),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync", ()),
     ("vllm.v1.outputs", "SamplerOutput", ("sampled_token_ids", "logprobs_tensors")),
     ("vllm.v1.sample.sampler", "Sampler.compute_logprobs", ("logits",)),
     ("vllm.v1.sample.sampler", "Sampler.gather_logprobs", ("logprobs", "num_logprobs", "token_ids")),

@@ -21,7 +21,7 @@ token budget) are verified as the prefix it kept, which is still a tree.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -31,7 +31,9 @@ from ..checkpoint import load_draft
 from ..config import Eagle3Config
 from ..rng import RowRandom
 from ..speculator import ProposedTrees, Speculator, TreeShape
+from ..timings import PluginTimings
 from . import paged_kv, tree_attention
+from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
 from .step import Step, draft_rows, sampling_params
 
@@ -39,27 +41,12 @@ from vllm.v1.outputs import SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 
-@dataclass
-class PluginTimings:
-    """Seconds the worker adds to engine steps, by phase (read with :func:`read_timings`)."""
-
-    steps: int = 0
-    prepare: float = 0.0  # depth positions, tree masks
-    tree_attention: float = 0.0  # tree rows redone in torch, all layers
-    verify: float = 0.0  # sampler + KV compaction
-    draft: float = 0.0  # draft catch-up + next trees
-
-    def per_step_ms(self) -> dict:
-        n = max(self.steps, 1)
-        return {k: 1e3 * v / n for k, v in asdict(self).items() if k != "steps"}
-
-
 def read_timings(worker) -> dict:
     """For ``LLM.collective_rpc``: the worker's :class:`PluginTimings` as a dict."""
     return asdict(worker.model_runner.timings)
 
 
-class TreeSpeculationRunner(CPUModelRunner):
+class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
     def __init__(self, vllm_config, device):
         super().__init__(vllm_config, device)
         settings = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)

@@ -42,7 +42,7 @@ def main() -> None:
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0),
-                            max_tokens=spec["max_tokens"], ignore_eos=True)
+                            max_tokens=spec["max_tokens"], ignore_eos=True, seed=spec.get("request_seed"))
     results = []
     for batch in spec.get("batches") or [spec["prompts"]]:
         before = spec_counters(llm)

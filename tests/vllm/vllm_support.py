@@ -12,5 +12,6 @@ def run_llm(spec: dict, plugins: str = "eagle3", timeout: int = 900) -> dict:
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "run_llm.py")],
                           input=json.dumps(spec), capture_output=True, text=True, env=env, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    errors = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "Error" in line)  # root cause
+    assert proc.returncode == 0 and lines, errors[-4000:] + "\n" + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])

@@ -1,0 +1,30 @@
+"""What our worker adds to an engine's steps, by phase (both engines; read by the benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+FILE_ENV = "EAGLE3_PLUGIN_TIMINGS"  # a path: the SGLang worker writes its timings there after every step
+
+
+@dataclass
+class PluginTimings:
+    """Seconds by phase, summed over ``steps`` engine steps."""
+
+    steps: int = 0
+    prepare: float = 0.0  # depth positions, tree masks, verify input
+    tree_attention: float = 0.0  # tree rows redone in torch, all layers (vLLM)
+    verify: float = 0.0  # sampler + KV compaction
+    draft: float = 0.0  # draft catch-up + next trees
+
+    def per_step_ms(self) -> dict:
+        n = max(self.steps, 1)
+        return {k: 1e3 * v / n for k, v in asdict(self).items() if k != "steps"}
+
+    def write(self, path: str) -> None:
+        """Replace ``path`` with these timings as JSON (atomically: readers never see half a file)."""
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f)
+        os.replace(path + ".tmp", path)
