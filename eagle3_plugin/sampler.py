@@ -91,7 +91,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if bool((params.top_p < 1).any()):
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # ties: the lower id first
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p.view(shape)  # mass before it reaches top_p
         probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -1,0 +1,38 @@
+"""The target's sampling law written independently of ``eagle3_plugin.sampler`` (numpy, float64), to test it.
+
+p = softmax(logits / T) restricted by top-k, then top-p, renormalised each time:
+- top-k keeps every token whose scaled logit is at least the k-th largest (ties at the k-th value all stay);
+- top-p orders tokens by probability, the larger first and, among equal ones, the lower token id first, and keeps
+  the shortest prefix whose mass reaches p (a boundary exactly on a cumulative sum ends the prefix there);
+- T = 0 is greedy: all mass on the first argmax.
+"""
+
+import numpy as np
+
+
+def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature <= 0:
+        out = np.zeros_like(logits)
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    scaled = logits / temperature
+    keep = np.ones(scaled.shape, dtype=bool)
+    if 0 < top_k < scaled.size:
+        kth = np.sort(scaled)[::-1][top_k - 1]
+        keep &= scaled >= kth
+    probs = np.where(keep, np.exp(scaled - scaled[keep].max()), 0.0)
+    probs /= probs.sum()
+    if top_p < 1:
+        order = sorted(range(probs.size), key=lambda i: (-probs[i], i))
+        mass, kept = 0.0, []
+        for i in order:
+            if mass >= top_p:
+                break
+            kept.append(i)
+            mass += probs[i]
+        mask = np.zeros(probs.shape, dtype=bool)
+        mask[kept] = True
+        probs = np.where(mask, probs, 0.0)
+        probs /= probs.sum()
+    return probs

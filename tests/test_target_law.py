@@ -1,0 +1,72 @@
+"""``sampler.target_probs`` against a reference written separately (tests/target_law.py, numpy), on hand-checked
+cases (ties at the k-th value, a top-p boundary exactly on a cumulative sum) and random ones; and against vLLM's own
+top-k/top-p (``apply_top_k_top_p_pytorch``): the same support on random logits. Where the two differ by design:
+vLLM orders tokens by an unstable ascending sort, so which of several equal-probability tokens survives at a top-p
+boundary is up to its sort; ours keeps the lower token id (stable)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eagle3_plugin.sampler import SamplingParams, target_probs
+from target_law import target_law
+
+
+def ours(logits, temperature, top_k=0, top_p=1.0):
+    params = SamplingParams.uniform(1, temperature, top_k, top_p)
+    return target_probs(torch.tensor([logits], dtype=torch.float32), params)[0].double().numpy()
+
+
+HAND = [  # (logits, T, top_k, top_p, expected probabilities)
+    ([2.0, 1.0, 1.0, 0.0], 1.0, 2, 1.0,  # the k-th value is tied: both stay
+     [math.e ** 2, math.e, math.e, 0.0]),
+    ([0.0, 0.0, 0.0, 0.0], 1.0, 0, 0.5,  # 0.25 + 0.25 reaches 0.5 exactly: the prefix ends there, lower ids first
+     [0.5, 0.5, 0.0, 0.0]),
+    ([0.0, 0.0, 0.0, 0.0], 1.0, 0, 0.5000001, [1 / 3, 1 / 3, 1 / 3, 0.0]),  # just past it: one more token
+    ([1.0, 3.0, 2.0], 0.5, 0, 1.0, [math.e ** 2, math.e ** 6, math.e ** 4]),  # temperature divides the logits
+    ([1.0, 3.0, 3.0], 0.0, 0, 1.0, [0.0, 1.0, 0.0]),  # greedy: the first argmax
+    ([4.0, 3.0, 2.0, 1.0], 1.0, 3, 0.9, None),  # top-k then top-p on the renormalised rest
+]
+
+
+@pytest.mark.parametrize("case", range(len(HAND)))
+def test_hand_checked_cases(case):
+    logits, t, k, p, expected = HAND[case]
+    want = target_law(logits, t, k, p)
+    if expected is not None:
+        expected = np.array(expected) / np.sum(expected)
+        assert want == pytest.approx(expected, abs=1e-12)  # the reference itself, by hand
+    assert ours(logits, t, k, p) == pytest.approx(want, abs=1e-6)
+
+
+def test_top_k_then_top_p_by_hand():
+    probs = np.exp([4.0, 3.0, 2.0]) / np.exp([4.0, 3.0, 2.0]).sum()  # after top-k 3: [0.665, 0.245, 0.090]
+    assert probs[0] < 0.9 < probs[0] + probs[1]
+    assert target_law([4.0, 3.0, 2.0, 1.0], 1.0, 3, 0.9) == pytest.approx(
+        [probs[0] / (probs[0] + probs[1]), probs[1] / (probs[0] + probs[1]), 0, 0])
+
+
+def test_random_cases_agree():
+    g = np.random.default_rng(0)
+    for _ in range(300):
+        v = int(g.integers(2, 50))
+        logits = (g.normal(size=v) * g.uniform(0.5, 4)).tolist()
+        t = float(g.choice([0.0, 0.3, 0.7, 1.0, 1.5]))
+        k = int(g.choice([0, 1, 2, 5, v]))
+        p = float(g.choice([1.0, 0.95, 0.8, 0.5, 0.1]))
+        assert ours(logits, t, k, p) == pytest.approx(target_law(logits, t, k, p), abs=1e-5)
+
+
+def test_vllm_top_k_top_p_has_the_same_support():
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        logits = torch.randn(4, 64, generator=g) * 3
+        k = torch.randint(1, 64, (4,), generator=g)
+        p = torch.rand(4, generator=g) * 0.9 + 0.05
+        theirs = apply_top_k_top_p_pytorch(logits.clone(), k, p)
+        mine = target_probs(logits, SamplingParams(torch.ones(4), k, p))
+        assert torch.equal(torch.isfinite(theirs), mine > 0)
+        assert torch.allclose(torch.softmax(theirs, -1), mine, atol=1e-6)
