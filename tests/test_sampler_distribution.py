@@ -1,4 +1,6 @@
-"""Losslessness: speculative output has exactly the target's distribution (chi-square, alpha = 1e-3).
+"""Losslessness: speculative output has exactly the target's distribution (chi-square, alpha = 1e-3); a wrong
+sampler and three subtle mistakes (q at the wrong temperature, a residual not renormalised, siblings verified out
+of their sampling order) fail the same test with p < 1e-6.
 
 Each case draws 20,000 independent runs of the tree builder + sampler on a toy bigram target and
 compares the joint distribution of the first two emitted tokens (36 cells) with the exact one. A
@@ -67,5 +69,58 @@ def test_known_wrong_sampler_fails_the_same_test(case):
     samples = toy.sample_two_tokens(N, root=0, depth=depth, top_k=top_k, total=total,
                                     params_row=dict(temperature=1.0), method=method, sample=sample, seed=7,
                                     verify=accept_everything)
+    exact = toy.exact_two_token(0, SamplingParams.uniform(1, temperature=1.0))
+    assert pairs_pvalue(samples, exact) < 1e-6
+
+
+# Subtle mistakes a sampler could make, each of which must fail the same test.
+
+def q_at_the_wrong_temperature(toy):
+    """Children drawn from the draft at T, but verified against q at 2T."""
+    def verify(tree, target_logits, params, method, generator):
+        t = params.temperature[:, None, None] * 2
+        wrong = torch.softmax(toy.draft[tree.tokens] / t, dim=-1)
+        tree.draft_probs = torch.where(tree.draft_probs.sum(-1, keepdim=True) > 0, wrong, tree.draft_probs)
+        return verify_tree(tree, target_logits, params, method, generator)
+    return verify
+
+
+def residual_not_renormalised(tree, target_logits, params, method, generator):
+    import eagle3_plugin.sampler as sampler
+    original = sampler._normalize
+    sampler._normalize = lambda x, fallback: torch.where(x.sum(-1, keepdim=True) > 0, x, fallback)
+    try:
+        return verify_tree(tree, target_logits, params, method, generator)
+    finally:
+        sampler._normalize = original
+
+
+def siblings_out_of_order(tree, target_logits, params, method, generator):
+    from eagle3_plugin.tree import DraftTree
+    original = DraftTree.children
+
+    def reversed_children(self, max_children):
+        kids = original(self, max_children)
+        count = (kids >= 0).sum(-1, keepdim=True)
+        index = (count - 1 - torch.arange(kids.shape[-1])).clamp(min=0)
+        return torch.where(torch.arange(kids.shape[-1]) < count, kids.gather(-1, index), -1)
+    DraftTree.children = reversed_children
+    try:
+        return verify_tree(tree, target_logits, params, method, generator)
+    finally:
+        DraftTree.children = original
+
+
+@pytest.mark.parametrize("mistake", ["q at the wrong temperature", "residual not renormalised",
+                                     "siblings out of sampling order"])
+def test_subtle_mistakes_fail_the_same_test(mistake):
+    depth, top_k, total, method, sample = CASES["tree-real"]
+    toy = Bigram(seed=1)
+    verify = {"q at the wrong temperature": q_at_the_wrong_temperature(toy),
+              "residual not renormalised": residual_not_renormalised,
+              "siblings out of sampling order": siblings_out_of_order}[mistake]
+    samples = toy.sample_two_tokens(N, root=0, depth=depth, top_k=top_k, total=total,
+                                    params_row=dict(temperature=1.0), method=method, sample=sample, seed=7,
+                                    verify=verify)
     exact = toy.exact_two_token(0, SamplingParams.uniform(1, temperature=1.0))
     assert pairs_pvalue(samples, exact) < 1e-6
