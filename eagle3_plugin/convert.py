@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -40,6 +41,10 @@ def convert(src: str, to: str, out: str, target: str | None = None, layers=None,
     from .adapters import WRITERS
     if to not in WRITERS:
         raise Eagle3Error(f"unknown output format {to!r}; choose one of {', '.join(WRITERS)}")
+    source, output = os.path.realpath(src), os.path.realpath(out)
+    if os.path.commonpath([source, output]) == output:
+        raise Eagle3Error(f"{out}: the output would replace the source {src} (or a folder holding it); "
+                          "choose another --out")
     fmt, draft, target_config = load_source(src, target, layers)
     problems = draft.problems(target_config)
     if problems:

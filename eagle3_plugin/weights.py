@@ -56,12 +56,19 @@ def open_tensors(folder: str) -> dict[str, LazyTensor]:
             raise Eagle3Error(f"{index}: not a valid shard index ({e})") from None
         tensors: dict[str, LazyTensor] = {}
         for shard in shards:
-            tensors.update(opener(os.path.join(folder, shard)))
+            tensors.update(opener(_inside(folder, shard, index)))
         return tensors
     if os.path.exists(binary):
         return _open_pickle(binary)
     raise Eagle3Error(f"{folder}: no weights found (model.safetensors, model.safetensors.index.json "
                       f"or pytorch_model.bin)")
+
+
+def _inside(folder: str, name, index: str) -> str:
+    """``folder/name`` for a shard file the index names; a name leading anywhere else is refused."""
+    if not isinstance(name, str) or os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        raise Eagle3Error(f"{index}: shard {name!r} is outside the checkpoint folder")
+    return os.path.join(folder, name)
 
 
 def _open_safetensors(path: str) -> dict[str, LazyTensor]:

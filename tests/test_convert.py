@@ -212,3 +212,81 @@ def test_inspect_lists_every_problem(tmp_path, capsys, src):
     assert report["format"] == "vllm"
     assert any("missing tensor 'fc.weight'" in p for p in report["problems"])
     assert any("'norm.weight' contains NaN or Inf" in p for p in report["problems"])
+
+
+# -- inputs a careless or hostile source folder may hold ----------------------------------------------
+
+def sharded(tmp_path, weight_map_of=None):
+    """The bundled draft in two shards; ``weight_map_of(shard_name) -> name`` rewrites the index's file names."""
+    tensors = read_tensors(DRAFT)
+    names = sorted(tensors)
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    (folder / "config.json").write_text(open(os.path.join(DRAFT, "config.json")).read())
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in part}, str(folder / shard))
+        weight_map.update({k: (weight_map_of or (lambda s: s))(shard) for k in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return folder
+
+
+@pytest.mark.parametrize("where", ["../x.safetensors", "/etc/passwd", "sub/../../x.safetensors"])
+def test_shard_index_pointing_outside_the_folder(tmp_path, capsys, where):
+    src = sharded(tmp_path, lambda shard: where if shard.startswith("model-00002") else shard)
+    refused(tmp_path, capsys, src, "outside the checkpoint folder")
+
+
+def test_missing_shard(tmp_path, capsys):
+    src = sharded(tmp_path)
+    os.remove(src / "model-00002-of-00002.safetensors")
+    refused(tmp_path, capsys, src, "model-00002-of-00002.safetensors")
+
+
+def test_malformed_config(tmp_path, capsys, src):
+    (src / "config.json").write_text('{"hidden_size": 128,')
+    refused(tmp_path, capsys, src, "config.json")
+
+
+def test_wrong_dtype(tmp_path, capsys, src):
+    edit(src, lambda t: t.__setitem__("norm.weight", t["norm.weight"].to(torch.int32)))
+    refused(tmp_path, capsys, src, "'norm.weight'")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vocab_size": 4096}, "vocab"),
+    ({"hidden_size": 256}, "hidden"),
+    ({"num_hidden_layers": 4}, "layer"),
+])
+def test_target_that_does_not_fit(tmp_path, capsys, src, change, message):
+    import shutil
+    target = tmp_path / "target"
+    shutil.copytree(TARGET, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, **change}))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["convert", str(src), "--to", "ours", "--out", str(out), "--target", str(target)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0].lower(), errors
+    assert not out.exists()
+
+
+def test_dangling_symlink_output(tmp_path, capsys, src):
+    out = tmp_path / "out"
+    os.symlink(tmp_path / "nowhere", out)
+    capsys.readouterr()
+    assert main(["convert", str(src), "--to", "ours", "--out", str(out)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "symlink" in errors[0], errors
+    assert os.path.islink(out) and not (tmp_path / "nowhere").exists()
+
+
+def test_output_equal_to_the_source_even_with_force(tmp_path, capsys, src):
+    before = sorted(os.listdir(src))
+    capsys.readouterr()
+    assert main(["convert", str(src), "--to", "ours", "--out", str(src), "--force"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "source" in errors[0], errors
+    assert sorted(os.listdir(src)) == before and detect(str(src)) == "vllm"
