@@ -114,6 +114,11 @@ def _run_convert(a) -> int:
     shard_bytes = int(a.shard_size * 1e6) if a.shard_size else None
     fmt = convert(a.src, a.to, a.out, target=a.target, layers=a.layers, force=a.force, shard_bytes=shard_bytes)
     print(f"converted {a.src} ({fmt}) -> {a.out} ({a.to})")
+    if fmt == "specforge" and a.layers is None:
+        print("eagle3 convert: warning: this layout's eagle_config.eagle_aux_hidden_state_layer_ids means one layer "
+              "lower to SGLang/SpecForge (read so here) than to vLLM (as written); if the draft was trained for vLLM's "
+              "reading, re-convert with --layers, and check with: eagle3 inspect OUT --target T --prompts P --probe",
+              file=sys.stderr)
     return 0
 
 
@@ -123,6 +128,10 @@ def _add_inspect(sub) -> None:
     p.add_argument("--target")
     p.add_argument("--layers", type=_int_triple)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--probe", action="store_true",
+                   help="run the draft under each candidate reading of its capture ids (needs --target, --prompts)")
+    p.add_argument("--prompts", help="prompts for --probe")
+    p.add_argument("--max-prompts", type=int, default=8)
     p.set_defaults(run=_run_inspect)
 
 
@@ -131,7 +140,17 @@ def _run_inspect(a) -> int:
 
     from .convert import format_report, inspect_report
     report = inspect_report(a.folder, a.target, a.layers)
+    readings = None
+    if a.probe and not report["problems"]:
+        if not (a.target and a.prompts):
+            raise Eagle3Error("--probe needs --target and --prompts")
+        from .probe import format_readings, probe
+        readings = probe(a.folder, a.target, a.prompts, a.max_prompts)
+        report["probe"] = [{"reading": r.name, "layer_ids": list(r.layer_ids),
+                            "mean_acceptance_length": r.mean_acceptance_length} for r in readings]
     print(json.dumps(report, indent=2) if a.json else format_report(report))
+    if readings and not a.json:
+        print(format_readings(readings))
     return 1 if report["problems"] else 0
 
 

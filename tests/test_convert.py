@@ -290,3 +290,28 @@ def test_output_equal_to_the_source_even_with_force(tmp_path, capsys, src):
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "source" in errors[0], errors
     assert sorted(os.listdir(src)) == before and detect(str(src)) == "vllm"
+
+
+def test_probe_finds_capture_ids_recorded_one_layer_off(tmp_path, capsys):
+    """A draft whose config records ids one layer below what it was trained on: the probe shows the reading one
+    layer higher accepts more, and warns."""
+    from bundled import HELDOUT
+    off = tmp_path / "off"
+    assert convert(DRAFT, "ours", off, "--layers", "0,2,4") == 0
+    capsys.readouterr()
+    assert main(["inspect", str(off), "--target", TARGET, "--probe", "--prompts", HELDOUT, "--max-prompts", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: the recorded capture ids are not the best reading: one layer higher [1, 3, 5]" in out
+    capsys.readouterr()
+    assert main(["inspect", DRAFT, "--target", TARGET, "--probe", "--prompts", HELDOUT, "--max-prompts", "3",
+                 "--json"]) == 0
+    probe = json.loads(capsys.readouterr().out)["probe"]
+    best = max(probe, key=lambda r: r["mean_acceptance_length"])
+    assert best["reading"] == "as recorded" and best["layer_ids"] == [1, 3, 5]
+
+
+def test_convert_warns_where_the_reading_is_ambiguous(tmp_path, capsys):
+    assert convert(DRAFT, "sglang", tmp_path / "sgl") == 0
+    capsys.readouterr()
+    assert convert(tmp_path / "sgl", "ours", tmp_path / "back") == 0
+    assert "one layer lower to SGLang/SpecForge" in capsys.readouterr().err
