@@ -97,6 +97,7 @@ def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype
 
 class TreeBudget:
     def __init__(self, config: Eagle3Config, draft_costs: Optional[dict] = None):
+        """``draft_costs``: :func:`measure_draft_costs` of the shapes in :attr:`shapes` (none: drafting counts 0)."""
         tree = TreeShape.of(config)
         chain = TreeShape(config.depth, 1, config.depth + 1)
         self.shapes = [tree] + ([chain] if chain != tree else []) + [NONE]

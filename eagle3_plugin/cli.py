@@ -27,8 +27,9 @@ def _add_train(sub) -> None:
     p.add_argument("--layers", type=_int_triple, help="capture ids low,mid,high (id i = input of decoder layer i)")
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--draft-vocab", type=int, help="draft vocabulary size (default: the target's)")
-    p.add_argument("--max-steps", type=int, default=2000)
-    p.add_argument("--max-minutes", type=float, help="stop (resumably) after this many minutes")
+    p.add_argument("--max-steps", type=int, help="training steps (default 2000; none with --max-minutes alone)")
+    p.add_argument("--max-minutes", type=float,
+                   help="alone: the schedule spans this many minutes; with --max-steps: stop (resumably) after them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=8)

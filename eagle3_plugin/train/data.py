@@ -12,6 +12,9 @@ from ..datafiles import Record, encode_prompt, read_training_data
 from ..errors import Eagle3Error
 
 
+DOCUMENT_OPENING = 64  # tokens of a text document kept as the prompt when responses are regenerated
+
+
 @dataclass
 class Example:
     input_ids: list[int]
@@ -26,7 +29,10 @@ def build_examples(paths: list[str], tokenizer, target, regenerate: bool, regen_
     for path, record in records:
         if record.text is not None:
             ids = tokenizer(record.text, add_special_tokens=True)["input_ids"]
-            examples.append(Example(ids, [1] * len(ids)))
+            if regenerate:  # the document's opening is the prompt; the target writes the rest
+                to_regenerate.append(ids[:max(1, min(DOCUMENT_OPENING, len(ids) // 2))])
+            else:
+                examples.append(Example(ids, [1] * len(ids)))
             continue
         prompt = encode_prompt(tokenizer, record.prompt)
         if regenerate:

@@ -38,7 +38,7 @@ class TrainArgs:
     layers: Optional[tuple] = None
     ttt_steps: int = 7
     draft_vocab: Optional[int] = None
-    max_steps: int = 2000
+    max_steps: Optional[int] = None  # None: 2000, or without a step limit when max_minutes is given
     max_minutes: Optional[float] = None
     seed: int = 0
     lr: float = 3e-3
@@ -107,11 +107,11 @@ def train(args: TrainArgs) -> str:
         print(f"resuming from step {step} ({state_dir})")
 
     capture = FusedCapture(target, layer_ids)
-    deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else math.inf
-    bar = tqdm(total=args.max_steps, initial=step, desc="training draft", unit="step")
-    while step < args.max_steps and time.monotonic() < deadline:
+    budget = Budget(args.max_steps, args.max_minutes, elapsed=state.get("elapsed", 0.0) if state else 0.0)
+    bar = tqdm(total=budget.max_steps, initial=step, desc="training draft", unit="step")
+    while not budget.over(step):
         for group in optimizer.param_groups:
-            group["lr"] = _lr(step, args.max_steps, args.lr)
+            group["lr"] = _lr(step, budget.progress(step), args.lr)
         batch = [examples[rng.randrange(len(examples))] for _ in range(args.batch_size)]
         ids, mask = _pad(batch)
         with torch.no_grad(), capture:
@@ -126,16 +126,17 @@ def train(args: TrainArgs) -> str:
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0]:.2f}", acc_last=f"{acc[-1]:.2f}")
         if step % args.save_every == 0:
-            _save_state(state_dir, draft, optimizer, step, rng)
+            _save_state(state_dir, draft, optimizer, step, rng, budget.elapsed())
     bar.close()
-    if step < args.max_steps:
-        _save_state(state_dir, draft, optimizer, step, rng)
-        print(f"time budget reached at step {step}/{args.max_steps}; run the same command to resume")
+    finished = budget.finished(step)
+    if not finished:
+        _save_state(state_dir, draft, optimizer, step, rng, budget.elapsed())
+        print(f"time budget reached at step {step}/{budget.max_steps}; run the same command to resume")
     config = Eagle3Config(layer_ids=layer_ids)
-    report = {"steps": step, "max_steps": args.max_steps, "args": args.fingerprint(),
+    report = {"steps": step, "max_steps": budget.max_steps, "minutes": budget.elapsed() / 60, "args": args.fingerprint(),
               "final_loss": None if loss is None else loss.item(), "final_step_accuracy": acc}
     save_draft(draft, args.out, config, force=True, extra_json={"training.json": report})
-    if step >= args.max_steps:
+    if finished:
         shutil.rmtree(state_dir, ignore_errors=True)
     return args.out
 
@@ -147,10 +148,37 @@ def _init_from_target(draft: Eagle3Draft, target) -> None:
         draft.lm_head.weight.copy_(head[draft.hot_token_ids])
 
 
-def _lr(step: int, max_steps: int, peak: float, warmup: int = 50) -> float:
+class Budget:
+    """When training stops and how far along the schedule it is. With ``max_steps`` (default 2000 when no time is
+    given) the cosine schedule runs over the steps and ``max_minutes`` only interrupts (resumably, a fresh budget
+    per run); with ``max_minutes`` alone the schedule spans the minutes, counted over resumed runs too."""
+
+    def __init__(self, max_steps: Optional[int], max_minutes: Optional[float], elapsed: float = 0.0):
+        self.by_time = max_steps is None and max_minutes is not None
+        self.max_steps = None if self.by_time else (max_steps if max_steps is not None else DEFAULT_STEPS)
+        self.seconds = 60 * max_minutes if max_minutes else math.inf
+        self._began = time.monotonic() - (elapsed if self.by_time else 0.0)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._began
+
+    def progress(self, step: int) -> float:
+        return self.elapsed() / self.seconds if self.by_time else step / max(1, self.max_steps)
+
+    def finished(self, step: int) -> bool:
+        return self.elapsed() >= self.seconds if self.by_time else step >= self.max_steps
+
+    def over(self, step: int) -> bool:
+        return self.finished(step) or self.elapsed() >= self.seconds
+
+
+DEFAULT_STEPS = 2000
+
+
+def _lr(step: int, progress: float, peak: float, warmup: int = 50) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine from ``peak`` to a tenth of it as ``progress`` goes 0 -> 1."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, max_steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
@@ -164,10 +192,10 @@ def _pad(batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _save_state(state_dir: str, draft, optimizer, step: int, rng: random.Random) -> None:
+def _save_state(state_dir: str, draft, optimizer, step: int, rng: random.Random, elapsed: float) -> None:
     tmp = os.path.join(state_dir, "state.pt.tmp")
     torch.save({"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "rng": rng.getstate()}, tmp)
+                "rng": rng.getstate(), "elapsed": elapsed}, tmp)
     os.replace(tmp, os.path.join(state_dir, "state.pt"))
 
 

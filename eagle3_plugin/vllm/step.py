@@ -44,8 +44,8 @@ class Step:
         batch = runner.input_batch
         req_ids = list(batch.req_ids)
         b = len(req_ids)
-        base = torch.from_numpy(batch.num_computed_tokens_cpu[:b]).long()
-        flat_start = torch.from_numpy(runner.query_start_loc.np[:b]).long()
+        base = torch.from_numpy(batch.num_computed_tokens_cpu[:b].copy()).long()
+        flat_start = torch.from_numpy(runner.query_start_loc.np[:b].copy()).long()
         count = torch.from_numpy(num_scheduled_tokens[:b]).long()
         spec = scheduler_output.scheduled_spec_decode_tokens
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])

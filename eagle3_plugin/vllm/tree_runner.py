@@ -79,12 +79,11 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             table = self.model.embed_input_ids(torch.arange(draft.config.vocab_size, device=self.device))
         draft.attach_embedding(nn.Embedding.from_pretrained(table.detach().clone(), freeze=True))
         self.speculator = Speculator(draft, self.eagle3)
-        costs = None
-        if self.eagle3.budget == "auto":
-            shapes = TreeBudget(self.eagle3).shapes
-            costs = measure_draft_costs(self.speculator, shapes, 3 * draft.config.target_hidden_size,
-                                        self.model_config.dtype, self.device)
-        self.budget = TreeBudget(self.eagle3, costs)
+        self.budget = TreeBudget(self.eagle3)
+        if self.budget.auto:  # the draft's cost per shape, measured here once
+            self.budget.draft_costs = measure_draft_costs(self.speculator, self.budget.shapes,
+                                                          3 * draft.config.target_hidden_size,
+                                                          self.model_config.dtype, self.device)
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
         self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
         from vllm.model_executor.layers.attention import Attention
