@@ -50,16 +50,34 @@ def _run_train(a) -> int:
     return 0
 
 
+def _int_list(text: str) -> tuple:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def _add_bench(sub) -> None:
     from .bench.engines import ENGINES
-    p = sub.add_parser("bench", help="acceptance and speed, with and without speculation, in one run")
-    p.add_argument("--engine", choices=ENGINES, default="reference")
-    p.add_argument("--target", required=True)
-    p.add_argument("--draft", required=True)
-    p.add_argument("--prompts", required=True, help="question.jsonl (turns), HumanEval/GSM8K jsonl, or .txt")
+    p = sub.add_parser("bench", help="acceptance, speed and latency, with and without speculation, in one run")
+    p.add_argument("--engine", choices=ENGINES, default="reference",
+                   help="reference | vllm | sglang: started by the bench; openai: a running server at --url")
+    p.add_argument("--target", required=True, help="target model folder (its tokenizer; the model for started engines)")
+    p.add_argument("--draft", help="draft folder (required unless --engine openai)")
+    p.add_argument("--prompts", required=True,
+                   help="question.jsonl (turns: later turns follow the engine's own answers), HumanEval/GSM8K "
+                        "jsonl, or .txt")
     p.add_argument("--max-prompts", type=int)
+    p.add_argument("--max-turns", type=int, help="ask at most this many turns of each conversation (default all)")
+    p.add_argument("--chat-template", choices=("auto", "none"), default="auto",
+                   help="auto: the target tokenizer's chat template when it has one, else plain text; none: plain")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--samples", type=int, default=1, metavar="S",
+                   help="generations per prompt, each seeded differently (T>0: the report's acceptance carries a "
+                        "95%% confidence interval)")
+    p.add_argument("--concurrency", type=_int_list, default=(1,), metavar="N[,N...]",
+                   help="requests in flight; a list (1,4,16) sweeps them into one report")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--chain", type=int, metavar="K", help="a chain of K draft tokens")
     shape.add_argument("--tree", type=_int_triple, metavar="DEPTH,TOPK,TOTAL",
@@ -72,6 +90,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--engine-args", type=shlex.split, default=(), metavar="'ARGS'",
                    help="extra engine arguments: vllm serve's for --engine vllm (e.g. '--max-model-len 512'), the "
                         "server's for --engine sglang (e.g. '--device cpu --dtype float32')")
+    p.add_argument("--url", help="--engine openai: the server to measure (e.g. http://127.0.0.1:8000)")
+    p.add_argument("--baseline-url", help="--engine openai: a server without speculation, for the speed ratio")
     p.add_argument("--json", dest="json_out", metavar="OUT")
     p.add_argument("--plot", dest="plot_out", metavar="OUT.png")
     p.set_defaults(run=_run_bench)
@@ -87,13 +107,17 @@ def _add_check(sub) -> None:
     p = sub.add_parser("check", help="fail when a bench report's acceptance fell below a baseline")
     p.add_argument("report")
     p.add_argument("--baseline", required=True)
-    p.add_argument("--rtol", type=float, default=0.05)
+    p.add_argument("--rtol", type=float, default=0.05,
+                   help="greedy: fail below baseline x (1 - rtol); 0: exact, any change fails")
+    p.add_argument("--alpha", type=float, default=0.01,
+                   help="T>0: fail only on a drop significant at this level (one-sided z-test of the mean "
+                        "acceptance length, from both reports' standard errors)")
     p.set_defaults(run=_run_check)
 
 
 def _run_check(a) -> int:
     from .bench.check import compare, load_report
-    ok, table = compare(load_report(a.report), load_report(a.baseline), a.rtol)
+    ok, table = compare(load_report(a.report), load_report(a.baseline), a.rtol, a.alpha)
     print(table)
     return 0 if ok else 1
 

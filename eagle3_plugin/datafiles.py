@@ -1,7 +1,7 @@
 """Readers for prompt and training files; every malformed record is one error naming file and line.
 
-Records are :class:`Record`: a ``prompt`` (first user turn), an optional ``response`` (a reference
-answer to train on), an optional whole ``text`` (a document to train on), and a ``category``.
+Records are :class:`Record`: a ``prompt`` (first user turn) and any ``later_turns``, an optional ``response``
+(a reference answer to train on), an optional whole ``text`` (a document to train on), and a ``category``.
 
 Formats, by extension and content:
 
@@ -30,6 +30,12 @@ class Record:
     response: Optional[str] = None
     text: Optional[str] = None
     category: Optional[str] = None
+    later_turns: tuple = ()
+
+    @property
+    def turns(self) -> tuple:
+        """Every user turn, first to last."""
+        return (self.prompt, *self.later_turns)
 
 
 def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
@@ -48,7 +54,7 @@ def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
 
 
 def read_prompts(path: str) -> list[Record]:
-    """Prompt records for benchmarks (the first turn of multi-turn questions)."""
+    """Prompt records for benchmarks (multi-turn questions keep their later turns)."""
     with _utf8(path):
         return _read_prompts(path)
 
@@ -99,7 +105,7 @@ def _record(path: str, lineno: int, obj: dict) -> Record:
         turns = obj["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise Eagle3Error(f"{where}: 'turns' must be a non-empty list of strings")
-        return Record(prompt=turns[0], category=category)
+        return Record(prompt=turns[0], category=category, later_turns=tuple(turns[1:]))
     for key in ("prompt", "question", "instruction"):
         if key in obj:
             prompt = _string(obj, key, where)

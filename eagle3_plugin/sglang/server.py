@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.request
+from dataclasses import dataclass
 
 from ..serving import ServerProcess, free_port
 
@@ -33,6 +35,42 @@ class SGLangServer(ServerProcess):
         ``output_ids``, ``meta_info``, ``text``."""
         return post_json(self.url + "/generate", {"input_ids": list(input_ids), "sampling_params": sampling_params},
                          timeout)
+
+    def stream_generate(self, input_ids, sampling_params: dict, timeout: float = 600) -> Streamed:
+        """One request's ``/generate``, streamed (for its time to first token)."""
+        return stream_json(self.url + "/generate", {"input_ids": list(input_ids), "sampling_params": sampling_params},
+                           timeout)
+
+
+@dataclass
+class Streamed:
+    """A streamed ``/generate``: every output id, the final ``meta_info``, and ``time.perf_counter()`` times of
+    the request, its first output id and its end."""
+
+    output_ids: list
+    meta_info: dict
+    started: float
+    first_token: float
+    finished: float
+
+
+def stream_json(url: str, payload: dict, timeout: float = 600) -> Streamed:
+    """POST a streaming ``/generate`` (SGLang's default, non-incremental stream: each event carries all output ids
+    so far) and follow it to the end."""
+    req = urllib.request.Request(url, data=json.dumps({**payload, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    started, first_token, last = time.perf_counter(), None, None
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            last = json.loads(line[len("data: "):])
+            if first_token is None and last.get("output_ids"):
+                first_token = time.perf_counter()
+    if last is None:
+        raise RuntimeError(f"{url}: the stream ended without an event")
+    return Streamed(list(last["output_ids"]), last["meta_info"], started, first_token, time.perf_counter())
 
 
 def post_json(url: str, payload: dict, timeout: float = 600):

@@ -17,20 +17,21 @@ import tempfile
 
 from ..datafiles import read_prompts
 from ..errors import Eagle3Error
-from .server import running_server, spec_counters, stream_completion
+from ..openai_api import spec_counters, stream_completion
+from .server import running_server
 from .speculative import speculative_config
 
 
 def serve_and_measure(target: str, args: list[str], prompts: list[str], max_tokens: int, log: str):
-    with running_server(target, args, log) as (host, port):
-        stream_completion(host, port, target, prompts[0], max_tokens)  # warm-up, not timed
-        before = spec_counters(host, port)
-        done = [stream_completion(host, port, target, p, max_tokens) for p in prompts]
-        after = spec_counters(host, port)
+    with running_server(target, args, log) as url:
+        stream_completion(url, target, prompts[0], max_tokens)  # warm-up, not timed
+        before = spec_counters(url)
+        done = [stream_completion(url, target, p, max_tokens) for p in prompts]
+        after = spec_counters(url)
     tokens, seconds = sum(c.tokens for c in done), sum(c.seconds for c in done)
-    drafts = after["num_drafts"] - before["num_drafts"]
-    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
-    return tokens / seconds, (1 + accepted / drafts) if drafts else None, [c.text for c in done]
+    spent = after.minus(before) if after else None
+    mal = 1 + spent.num_accepted_tokens / spent.num_drafts if spent and spent.num_drafts else None
+    return tokens / seconds, mal, [c.text for c in done]
 
 
 def describe(spec: dict) -> str:

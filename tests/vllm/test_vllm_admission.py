@@ -23,8 +23,8 @@ def client(tmp_path_factory):
     config.write_text(json.dumps({"draft": DRAFT, "layer_ids": [1, 3, 5], "mode": "tree", "depth": 5, "top_k": 8,
                                   "total_tokens": 32}))
     args = ["--speculative-config", str(config), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
-    with running_server(TARGET, args, str(work / "server.log")) as (host, port):
-        yield openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    with running_server(TARGET, args, str(work / "server.log")) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,16 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bundled import DRAFT, HELDOUT, TARGET
+import pytest
+
+from bundled import BASELINES, BENCH_ARGS, DRAFT, HELDOUT, TARGET
+from eagle3_plugin.cli import main
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.openai_api import spec_counters, stream_completion
 from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
 from eagle3_plugin.sampler import SamplingParams
-from eagle3_plugin.vllm.server import running_server, spec_counters, stream_completion
+from eagle3_plugin.vllm.server import running_server
 
 MAX_TOKENS = 48
 VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
@@ -36,10 +40,11 @@ def test_vllm_serve_with_our_config_file(tmp_path):
     prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(HELDOUT)[:6]]
     config = config_file(tmp_path)
     args = ["--speculative-config", config, "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
-    with running_server(TARGET, args, str(tmp_path / "server.log")) as (host, port):
+    with running_server(TARGET, args, str(tmp_path / "server.log")) as url:
         assert open(tmp_path / "server.log").readline().split()[:2] == [VLLM, "serve"]
-        texts = [stream_completion(host, port, TARGET, p, MAX_TOKENS).text for p in prompts]
-        counters = spec_counters(host, port)
+        texts = [stream_completion(url, TARGET, p, MAX_TOKENS).text for p in prompts]
+        counters = spec_counters(url)
+        served = _bench_served(tmp_path, url, "--draft", DRAFT)
     target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
     gen = SpeculativeGenerator(target, _draft(), Eagle3Config.load(config))
     ref = AcceptanceStats(5)
@@ -48,7 +53,34 @@ def test_vllm_serve_with_our_config_file(tmp_path):
                                 pad_token_id=2, eos_token_id=None)[0, len(ids):]
         assert text == tok.decode(want, skip_special_tokens=True)
         ref.merge(gen.generate([ids], MAX_TOKENS, SamplingParams.uniform(1)).stats)
-    assert counters["num_drafts"] == ref.rounds and counters["num_accepted_tokens"] == ref.accepted_tokens
+    assert counters.num_drafts == ref.rounds and counters.num_accepted_tokens == ref.accepted_tokens
+    # the served bench reads the same acceptance from /metrics as `eagle3 bench --engine vllm` (committed baseline)
+    engine = json.load(open(os.path.join(BASELINES, "vllm-tree.json")))
+    assert served["engine"] == "openai" and served["levels"][0]["latency"]["ttft_ms"]["p50"] > 0
+    for key in ("drafting_rounds", "mean_acceptance_length", "acceptance_per_position", "generated_tokens"):
+        assert served[key] == pytest.approx(engine[key], abs=1e-12), key
+
+
+def _bench_served(tmp_path, url, *extra) -> dict:
+    out = tmp_path / "served.json"
+    assert main(["bench", "--engine", "openai", "--url", url, *BENCH_ARGS, *extra, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_measures_stock_vllm_native_eagle3(tmp_path):
+    """Stock vLLM's own EAGLE-3 chain (vLLM's JSON, inline) through the OpenAI API: acceptance from its
+    ``/metrics``, equal to the reference generator's chain of the same depth."""
+    native = json.dumps({"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 3})
+    common = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
+    with running_server(TARGET, [*common, "--speculative-config", native], str(tmp_path / "native.log")) as url:
+        served = _bench_served(tmp_path, url)
+    ref_path = tmp_path / "reference.json"
+    assert main(["bench", "--engine", "reference", "--draft", DRAFT, "--chain", "3", *BENCH_ARGS,
+                 "--json", str(ref_path)]) == 0
+    ref = json.loads(ref_path.read_text())
+    assert served["mode"] == "served" and served["settings"]["depth"] == 3
+    assert served["drafting_rounds"] == ref["drafting_rounds"]
+    assert served["acceptance_per_position"] == pytest.approx(ref["acceptance_per_position"], abs=1e-12)
 
 
 def _draft():

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bundled import DRAFT, HELDOUT, TARGET
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
-from eagle3_plugin.vllm.server import running_server, spec_counters, stream_completion
+from eagle3_plugin.openai_api import spec_counters, stream_completion
+from eagle3_plugin.vllm.server import running_server
 
 GREEDY, SAMPLED, MAX_TOKENS = 16, 4, 32
 
@@ -29,14 +30,14 @@ def test_concurrent_streaming_requests_with_speculation(tmp_path, mode):
     prompts = [r.prompt for r in read_prompts(HELDOUT)[:GREEDY]]
     log = str(tmp_path / "server.log")
     with running_server(TARGET, ["--speculative-config", str(config), "--dtype", "float32",
-                                 "--max-model-len", "1024", "--enforce-eager"], log) as (host, port):
+                                 "--max-model-len", "1024", "--enforce-eager"], log) as url:
         jobs = [(p, 0.0) for p in prompts] + [(p, 1.0) for p in prompts[:SAMPLED]]
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            results = list(pool.map(lambda job: stream_completion(host, port, TARGET, job[0], MAX_TOKENS,
+            results = list(pool.map(lambda job: stream_completion(url, TARGET, job[0], MAX_TOKENS,
                                                                   temperature=job[1], timeout=300), jobs))
-        counters = spec_counters(host, port)
+        counters = spec_counters(url)
     assert all(r.tokens == MAX_TOKENS for r in results)
-    assert counters["num_drafts"] > 0 and counters["num_accepted_tokens"] > 0
+    assert counters.num_drafts > 0 and counters.num_accepted_tokens > 0
 
     tok = AutoTokenizer.from_pretrained(TARGET)
     target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
