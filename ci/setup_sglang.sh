@@ -28,6 +28,6 @@ $pip install -q -c "$constraints" aiohttp "anthropic>=0.20.0" blobfile==3.0.0 bu
     tokenizers==0.23.2 tqdm transformers==5.19.0 "uvicorn>=0.51" uvloop watchfiles xgrammar==0.2.7 xxhash \
     zstandard soundfile==0.13.1 apache-tvm-ffi==0.1.11 "smg-grpc-servicer>=0.9.0" "kernels>=0.14.1,<0.15"
 $pip install -q -c "$constraints" --no-deps -e .
-$pip install -q -c "$constraints" pytest safetensors
+$pip install -q -c "$constraints" pytest safetensors matplotlib
 rm -f "$constraints"
 echo "$want" > "$stamp"
