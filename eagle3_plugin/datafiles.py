@@ -65,12 +65,26 @@ def read_training_data(path: str) -> list[Record]:
         return _read_training_data(path)
 
 
+PLAIN_TURN_SEPARATOR = "\n\n"
+
+
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
     """The prompt as the target sees it: its chat template when it has one, else plain text with BOS."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return encode_conversation(tokenizer, (prompt,), ())
+
+
+def encode_conversation(tokenizer, turns, answers, chat_template: bool = True) -> list[int]:
+    """User ``turns`` with the ``answers`` given to all but the last, asking the last: the tokenizer's chat template
+    when it has one (and ``chat_template``), else plain text with BOS, turns and answers joined by blank lines."""
+    if len(turns) != len(answers) + 1:
+        raise ValueError(f"{len(turns)} turns need {len(turns) - 1} answers, got {len(answers)}")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": role, "content": text} for turn, answer in zip(turns, (*answers, None))
+                    for role, text in (("user", turn), ("assistant", answer)) if text is not None]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    parts = [text for turn, answer in zip(turns, (*answers, None)) for text in (turn, answer) if text is not None]
+    return tokenizer(PLAIN_TURN_SEPARATOR.join(parts), add_special_tokens=True)["input_ids"]
 
 
 def _read_prompts(path: str) -> list[Record]:

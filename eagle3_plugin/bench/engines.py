@@ -53,10 +53,16 @@ def run_in_threads(generate: Callable[[list, int], Generation], conversations: l
     return [r for c in conversations for r in c.records]
 
 
+def accepted_per_position(depth: int, histogram: list) -> list:
+    """Rounds whose draft at each position was accepted, from a histogram of accepted drafts per round
+    (``histogram[j]``: rounds that accepted j drafts)."""
+    return [sum(histogram[d + 1:]) for d in range(depth)]
+
+
 def stats_from_histogram(depth: int, histogram: list) -> AcceptanceStats:
-    """Acceptance from a histogram of accepted drafts per round (``histogram[j]``: rounds that accepted j)."""
+    """Acceptance from a histogram of accepted drafts per round alone."""
     return AcceptanceStats(depth, rounds=sum(histogram), accepted_tokens=sum(j * n for j, n in enumerate(histogram)),
-                           accepted_per_position=[sum(histogram[d + 1:]) for d in range(depth)])
+                           accepted_per_position=accepted_per_position(depth, histogram))
 
 
 class ReferenceEngine:
@@ -207,7 +213,7 @@ class SglangEngine:
                 histogram = meta.get("spec_correct_drafts_histogram") or []
                 stats = AcceptanceStats(self.depth, rounds=meta["spec_verify_ct"],
                                         accepted_tokens=meta["spec_num_correct_drafts"],
-                                        accepted_per_position=[sum(histogram[d + 1:]) for d in range(self.depth)])
+                                        accepted_per_position=accepted_per_position(self.depth, histogram))
             return Generation(streamed.output_ids, "", streamed.started, streamed.first_token, streamed.finished, stats)
         return Run(run_in_threads(generate, conversations, concurrency))
 
@@ -261,8 +267,8 @@ class OpenAIEngine:
         url = self.urls[speculative]
         if url is None:
             raise Eagle3Error("no server without speculation to compare with: give --baseline-url")
-        from ..openai_api import spec_counters
-        counted = speculative and spec_counters(url) is not None
+        start = self._counters(url) if speculative else None  # None too when the server keeps no counters
+        counted = start is not None
 
         def generate(prompt, seed):
             before = self._counters(url) if counted and concurrency == 1 else None
@@ -272,9 +278,8 @@ class OpenAIEngine:
             stats = self._stats(self._counters(url).minus(before)) if before is not None else None
             return Generation(c.token_ids, c.text, c.started, c.first_token, c.finished, stats, num_tokens=c.tokens)
 
-        before = self._counters(url) if counted else None
         records = run_in_threads(generate, conversations, concurrency)
-        aggregate = self._stats(self._counters(url).minus(before)) if counted else None
+        aggregate = self._stats(self._counters(url).minus(start)) if counted else None
         return Run(records, aggregate)
 
     def close(self) -> None:

@@ -86,12 +86,11 @@ def outputs_match(spec: list, base: list) -> bool:
     """Same request, same output: token ids when both engines returned them, else text."""
     base_by_key = {r.key: r.generation for r in base}
     for r in spec:
-        other = base_by_key.get(r.key)
-        if other is None:
+        a, b = r.generation, base_by_key.get(r.key)
+        if b is None:
             return False
-        a, b = r.generation, other
-        if (a.tokens if a.tokens is not None and b.tokens is not None else a.text) != (
-                b.tokens if a.tokens is not None and b.tokens is not None else b.text):
+        by_tokens = a.tokens is not None and b.tokens is not None
+        if (a.tokens != b.tokens) if by_tokens else (a.text != b.text):
             return False
     return True
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..datafiles import encode_conversation
 from ..errors import Eagle3Error
-
-PLAIN_TURN_SEPARATOR = "\n\n"
 
 
 @dataclass(frozen=True)
@@ -84,17 +83,7 @@ class Workload:
 
     def prompt_ids(self, turns: tuple, answers: list) -> list:
         """Token ids asking turn ``len(answers)`` after the earlier turns and their answers."""
-        asked = turns[: len(answers) + 1]
-        if self.use_template:
-            messages = []
-            for i, turn in enumerate(asked):
-                messages.append({"role": "user", "content": turn})
-                if i < len(answers):
-                    messages.append({"role": "assistant", "content": answers[i]})
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
-        parts = [p for turn, answer in zip(asked, answers + [None]) for p in (turn, answer) if p is not None]
-        return self.tokenizer(PLAIN_TURN_SEPARATOR.join(parts), add_special_tokens=True)["input_ids"]
+        return encode_conversation(self.tokenizer, turns[: len(answers) + 1], answers, self.use_template)
 
     def text(self, tokens: list) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
