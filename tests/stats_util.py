@@ -1,14 +1,19 @@
-"""The chi-square goodness-of-fit test every losslessness test uses, and the exact distribution engines are
-tested against."""
+"""The chi-square goodness-of-fit test every losslessness test uses, and the exact law engines are tested against."""
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from scipy import stats
+
+from target_law import target_law
 
 
 def chi_square_pvalue(cells: torch.Tensor, exact: torch.Tensor) -> float:
     """p-value of samples (``cells``: one cell index per sample) against cell probabilities ``exact``.
 
-    Cells expected fewer than 5 times are pooled into one; a sample in a zero-probability cell gives 0.
+    Cells expected fewer than 5 times are pooled into one; a sample in a zero-probability cell gives 0; samples all
+    in the one cell with mass (a greedy law) give 1.
     """
     observed = torch.bincount(cells.flatten(), minlength=exact.numel()).double()
     expected = exact.flatten().double() * cells.numel()
@@ -19,21 +24,48 @@ def chi_square_pvalue(cells: torch.Tensor, exact: torch.Tensor) -> float:
     exp = torch.cat([expected[big], expected[~big].sum()[None]])
     keep = exp > 0
     obs, exp = obs[keep], exp[keep]
+    if obs.numel() == 1:
+        return 1.0
     return float(stats.chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue)
 
 
-def exact_second_token(target_dir: str, prompt: list[int], temperature: float, top_p: float) -> torch.Tensor:
-    """The target's distribution of the second generated token, marginalised over the first (transformers,
-    float32): the first token a speculative verifier decides."""
+@dataclass
+class PathLaw:
+    """The exact law of a request's first ``length`` generated tokens: every path of at least ``floor`` probability
+    is a cell, and one last cell holds the exact mass of all the others."""
+
+    length: int
+    paths: dict  # path (tuple of ``length`` token ids) -> cell index
+    probs: torch.Tensor  # [len(paths) + 1] float64, the last entry the pooled rest
+
+    def cells(self, generations) -> torch.Tensor:
+        rest = len(self.paths)
+        return torch.tensor([self.paths.get(tuple(g[:self.length]), rest) for g in generations])
+
+    def pvalue(self, generations) -> float:
+        """Chi-square p-value of generations (each a list of token ids, at least ``length`` long) against the law."""
+        return chi_square_pvalue(self.cells(generations), self.probs)
+
+
+def path_law(target_dir: str, prompt: list[int], length: int, temperature: float, top_k: int = 0,
+             top_p: float = 1.0, floor: float = 1e-3) -> PathLaw:
+    """The target's joint law of the first ``length`` generated tokens (transformers, float32 logits), built with the
+    numpy reference ``target_law``, not with the sampler under test. A prefix below ``floor`` is not expanded: its
+    whole mass goes to the rest cell, as does that of every full path below ``floor``."""
     from transformers import AutoModelForCausalLM
 
-    from eagle3_plugin.sampler import SamplingParams, target_probs
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        p1 = target_probs(target(torch.tensor([prompt])).logits[:, -1],
-                          SamplingParams.uniform(1, temperature=temperature, top_p=top_p))[0]
-        support = torch.nonzero(p1 > 1e-7).flatten()
-        seqs = torch.tensor([prompt + [int(t)] for t in support])
-        p2 = target_probs(target(seqs).logits[:, -1], SamplingParams.uniform(len(seqs), temperature=temperature,
-                                                                             top_p=top_p))
-    return (p1[support, None] * p2).sum(0)
+    level = {(): 1.0}  # prefix -> its probability; only prefixes at or above the floor
+    for _ in range(length):
+        prefixes = list(level)
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + list(p) for p in prefixes])).logits[:, -1].double().numpy()
+        grown = {}
+        for prefix, row in zip(prefixes, logits):
+            probs = level[prefix] * target_law(row, temperature, top_k, top_p)
+            for token in np.flatnonzero(probs >= floor):
+                grown[prefix + (int(token),)] = float(probs[token])
+        level = grown
+    kept = torch.tensor(list(level.values()), dtype=torch.float64)
+    probs = torch.cat([kept, (1 - kept.sum()).clamp(min=0)[None]])
+    return PathLaw(length, {path: cell for cell, path in enumerate(level)}, probs)

@@ -1,8 +1,7 @@
 """eagle3-plugin inside the real SGLang server (CPU, fp32, tree 3/4/10 from the bundled draft in our layout).
 
-- T > 0: the second generated token is the first one the verifier decides. Its exact distribution,
-  marginalised over the first token, is computed from the target with transformers and compared with
-  the server's generations by chi-square (alpha = 1e-3). Stock SGLang verifies greedily on CPU whatever the
+- T > 0: the first four generated tokens have the target's exact joint law, at T = 1 and in a batch that mixes
+  greedy, T = 1 and top-k + top-p rows (tests/law_cases.py). Stock SGLang verifies greedily on CPU whatever the
   temperature (``eagle_utils._verify_uses_greedy``) and fails the same test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
@@ -23,10 +22,9 @@ from eagle3_plugin.convert import convert
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.sglang.server import post_json
 from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, server
-from stats_util import chi_square_pvalue, exact_second_token
+from law_cases import GROUPS, LENGTH, N, group_prompts, group_pvalue, mixed_order, mixed_pvalues
 
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
-N = 3000
 
 
 @pytest.fixture(scope="module")
@@ -42,29 +40,39 @@ def ours(tmp_path_factory):
         yield s
 
 
-def second_tokens(srv, prompt, temperature, top_p, n=N) -> torch.Tensor:
-    out = srv.generate([prompt] * n, {"max_new_tokens": 2, "temperature": temperature, "top_p": top_p,
-                                      "ignore_eos": True}, timeout=1200)
-    assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in out) >= n  # every request verified a tree
-    return torch.tensor([o["output_ids"][1] for o in out])
+@pytest.fixture(scope="module")
+def law_prompts():
+    return group_prompts()
 
 
-def test_stock_sglang_cpu_fails_the_sampling_test(prompts, tmp_path):
+def sample(srv, prompts: list, settings: list) -> list:
+    """The first four generated tokens of each request, sent as one batch with its own settings per row."""
+    out = srv.generate(prompts, [{**row, "max_new_tokens": LENGTH, "ignore_eos": True} for row in settings],
+                       timeout=1200)
+    assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in out) >= len(prompts)  # every request verified
+    return [o["output_ids"] for o in out]
+
+
+def test_stock_sglang_cpu_fails_the_sampling_test(law_prompts, tmp_path):
     # first in the module: an idle SGLang server still takes CPU, so ours is not up yet
-    prompt = prompts[3]
     draft = str(tmp_path / "draft-sglang")  # stock SGLang reads capture ids only from its own layout
     convert(DRAFT, "sglang", draft, target=TARGET)
     args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft, *TREE]
     with server(TARGET, args, str(tmp_path / "stock.log"), plugins=STOCK_PLUGINS) as stock:
-        seen = second_tokens(stock, prompt, 1.0, 1.0, n=1000)
-    assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, 1.0, 1.0)) < 1e-6
+        generations = sample(stock, [law_prompts["T=1"]] * 1000, [GROUPS["T=1"][1]] * 1000)
+    assert group_pvalue(law_prompts, "T=1", generations) < 1e-6
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.8, 0.9)])
-def test_sampling_through_the_plugin_has_the_target_distribution(ours, prompts, temperature, top_p):
-    prompt = prompts[3]
-    seen = second_tokens(ours, prompt, temperature, top_p)
-    assert chi_square_pvalue(seen, exact_second_token(TARGET, prompt, temperature, top_p)) > 1e-3
+def test_four_tokens_at_temperature_1_have_the_target_law(ours, law_prompts):
+    generations = sample(ours, [law_prompts["T=1"]] * N, [GROUPS["T=1"][1]] * N)
+    assert group_pvalue(law_prompts, "T=1", generations) > 1e-3
+
+
+def test_a_mixed_batch_gives_each_row_its_own_law(ours, law_prompts):
+    order = mixed_order()
+    generations = sample(ours, [law_prompts[g] for g in order], [GROUPS[g][1] for g in order])
+    pvalues = mixed_pvalues(law_prompts, order, generations)
+    assert all(p > 1e-3 for p in pvalues.values()), pvalues
 
 
 def test_concurrent_requests_complete_and_greedy_ones_equal_plain_decoding(ours, prompts):

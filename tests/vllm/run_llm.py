@@ -3,7 +3,8 @@
 Used by the vLLM tests, which start it with different ``VLLM_PLUGINS`` settings (plugins load once per
 process). Arguments: one JSON object on standard input (see ``main``). ``prompts`` is one batch;
 ``batches`` several, each its own ``generate`` call, with the counters of that call alone. ``engine``: more
-``LLM`` arguments (prefix caching, block size, a KV budget).
+``LLM`` arguments (prefix caching, block size, a KV budget). ``sampling``: one dict of sampling settings
+(temperature, top_k, top_p) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``.
 """
 
 import json
@@ -41,8 +42,11 @@ def main() -> None:
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
-    params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0),
-                            max_tokens=spec["max_tokens"], ignore_eos=True, seed=spec.get("request_seed"))
+    common = dict(max_tokens=spec["max_tokens"], ignore_eos=True, seed=spec.get("request_seed"))
+    if spec.get("sampling"):
+        params = [SamplingParams(**row, **common) for row in spec["sampling"]]
+    else:
+        params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0), **common)
     results = []
     for batch in spec.get("batches") or [spec["prompts"]]:
         before = spec_counters(llm)
