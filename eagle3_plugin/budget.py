@@ -17,11 +17,12 @@ measured, never assumed:
 - ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
   attention, verification, the engine's own work), a line in ``B`` per shape, fitted online on steps without
   prompt chunks (recursive least squares with forgetting);
-- ``accepted_s``: accepted draft tokens per request per round, an average over recent rounds; rounds of a tree
-  also tell what its chain would have accepted (the first child at each level is the chain's node).
+- ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
+  round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
+  first child at each level is the chain's node).
 
-The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements,
-or not run for a while, is probed. ``budget: "fixed"`` always drafts the configured tree, and so does a step with
+The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements
+(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), or not run for a while, is probed. ``budget: "fixed"`` always drafts the configured tree, and so does a step with
 a seeded request (the draws a round makes depend on its shape).
 """
 
@@ -42,6 +43,8 @@ NONE = TreeShape(1, 1, 1)
 PROBE_EVERY = 200  # steps between probes of a shape that is not being run
 FORGET = 0.95  # weight of the past per observation in the online fits
 MIN_OBSERVATIONS = 3
+ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
+MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 
 
 @dataclass
@@ -65,6 +68,26 @@ class Line:
         if spread > 1e-6 * max(sxx, 1.0):
             self.per_unit = max((sxy - sx * sy / n) / spread, 0.0)
         self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
+
+
+@dataclass
+class RoundMean:
+    """Mean accepted draft tokens per request-round, with forgetting: ``value`` (None before any round)."""
+
+    total: float = 0.0
+    weight: float = 0.0
+    rounds: int = 0
+
+    @property
+    def value(self) -> Optional[float]:
+        return self.total / self.weight if self.weight else None
+
+    def observe(self, accepted: torch.Tensor) -> None:
+        """One step's rounds: ``accepted [R]`` draft tokens accepted by each request."""
+        decay = ROUND_MEMORY ** accepted.numel()
+        self.total = decay * self.total + float(accepted.float().sum())
+        self.weight = decay * self.weight + accepted.numel()
+        self.rounds += accepted.numel()
 
 
 def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype, device,
@@ -105,8 +128,7 @@ class TreeBudget:
         self.draft_costs = draft_costs or {}
         self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
         self.verify_cost = {s: Line() for s in self.shapes}
-        self.accepted = {s: None for s in self.shapes}  # mean accepted draft tokens per request per round
-        self.accepted[NONE] = 0.0
+        self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.last_run = {s: 0 for s in self.shapes}
         self.steps = 0
 
@@ -117,14 +139,15 @@ class TreeBudget:
         if not self.auto or seeded:
             return self.shapes[0]
         for s in self.shapes:  # too few measurements, or not run for a while: probe it
-            if (self.verify_cost[s].observations < MIN_OBSERVATIONS or self.accepted[s] is None
-                    or self.steps - self.last_run[s] > PROBE_EVERY):
+            if (self.verify_cost[s].observations < MIN_OBSERVATIONS or self.steps - self.last_run[s] > PROBE_EVERY
+                    or (s != NONE and self.accepted[s].rounds < MIN_ROUNDS)):
                 return s
         return max(self.shapes, key=lambda s: self.tokens_per_second(s, batch))
 
     def tokens_per_second(self, s: TreeShape, batch: int) -> float:
         seconds = self.verify_cost[s](batch) + self.draft_seconds(s, batch)
-        return batch * (1 + self.accepted[s]) / max(seconds, 1e-9)
+        accepted = 0.0 if s == NONE else self.accepted[s].value
+        return batch * (1 + accepted) / max(seconds, 1e-9)
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
@@ -133,8 +156,9 @@ class TreeBudget:
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
                decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
         """After a step of ``batch`` requests: the shape its trees were drafted with last step (``verified``) and
-        this step (``drafted``), the trees verified (``trees [R, N]`` and their ``verdict``, rows with a tree only;
-        None when none was), whether the step ran no prompt chunk, its seconds and the drafting's part of them."""
+        this step (``drafted``), the trees verified (``trees [R, N]`` and their ``verdict``, rows whose tree was
+        verified whole only: one the scheduler cut near a length limit accepts less than its shape would; None when
+        there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them."""
         self.last_run[verified] = self.steps
         if decode_only and batch > 0:
             self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0))
@@ -143,14 +167,10 @@ class TreeBudget:
             self.draft_scale[drafted] = 0.9 * self.draft_scale[drafted] + 0.1 * draft_seconds / measured(batch)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
-        self._average(verified, float(verdict.num_accepted.float().mean()))
+        self.accepted[verified].observe(verdict.num_accepted)
         chain = self.shapes[1] if len(self.shapes) > 2 else None
         if chain is not None and verified != chain:
-            self._average(chain, float(_chain_accepted(trees, verdict.accepted).float().mean()))
-
-    def _average(self, shape: TreeShape, value: float) -> None:
-        old = self.accepted[shape]
-        self.accepted[shape] = value if old is None else 0.9 * old + 0.1 * value
+            self.accepted[chain].observe(_chain_accepted(trees, verdict.accepted))
 
 
 def _chain_accepted(trees: DraftTree, accepted: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,11 @@ whose level ``L`` runs at draft position ``m - 1 + L``.
 The store (:class:`DraftKV`) is slot-addressed, ``[num_slots, H_kv, D]``: an engine hands views of its own KV
 pool (vLLM's paged cache, SGLang's token pool), so the engine budgets, frees and reuses the draft's memory, and
 the reference generator allocates one. Rows never read a slot of a position they have not written.
+
+A step that grows no tree (no speculation this step) only stores its entries' keys and values, which need no
+attention; short rows are deferred and stored together with later ones, in one forward, before the next tree is
+grown or after :data:`DEFER_STEPS` such steps. An engine calls :meth:`Speculator.flush` before a slot changes owner
+(a request finished or preempted), so a deferred entry never lands in another request's slot.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from .tree import DraftTree, build_chain, build_tree
 
 # Rows whose new entries number at most this run in one padded forward; longer ones (prompt chunks) in another.
 SHORT_ROW = 16
+# Steps without a tree whose entries are stored together (:meth:`Speculator.flush`).
+DEFER_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,20 @@ class DraftRows:
     @property
     def roots(self) -> torch.Tensor:
         return self.tokens.gather(1, (self.count - 1)[:, None])[:, 0]
+
+    @classmethod
+    def concat(cls, parts: list["DraftRows"]) -> "DraftRows":
+        """The rows of several steps as one batch, padded to the widest."""
+        width = max(p.tokens.shape[1] for p in parts)
+        length = max(p.slots.shape[1] for p in parts)
+
+        def pad(t: torch.Tensor, size: int) -> torch.Tensor:
+            extra = size - t.shape[1]
+            return t if extra == 0 else torch.cat([t, t.new_zeros(t.shape[0], extra, *t.shape[2:])], dim=1)
+
+        return cls(torch.cat([pad(p.slots, length) for p in parts]), torch.cat([p.start for p in parts]),
+                   torch.cat([p.count for p in parts]), torch.cat([pad(p.tokens, width) for p in parts]),
+                   torch.cat([pad(p.features, width) for p in parts]))
 
 
 @dataclass
@@ -137,6 +158,8 @@ class ProposedTrees:
 class Speculator:
     def __init__(self, draft: Eagle3Draft, config: Eagle3Config):
         self.draft, self.config = draft, config
+        self._deferred: list[DraftRows] = []  # steps without a tree whose entries are not stored yet
+        self._deferred_to: Optional[DraftKV] = None  # the store they go to
 
     def step(self, kv: DraftKV, rows: DraftRows, params: SamplingParams, random: Optional[RowRandom] = None,
              shape: Optional[TreeShape] = None) -> Optional[DraftTree]:
@@ -146,11 +169,11 @@ class Speculator:
         self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
         grow = shape.total_tokens > 1
         tree_columns = (shape.depth - 1) * shape.top_k if grow else 0
-        groups = _row_groups(rows.count)
         if not grow:
-            for index in groups:
-                self._store(kv, rows if len(groups) == 1 else rows.select(index))
+            self._defer(kv, rows)
             return None
+        self.flush()
+        groups = _row_groups(rows.count)
         if len(groups) == 1:
             context, root_hidden = self._catch_up(kv, rows, tree_columns)
         else:
@@ -166,6 +189,26 @@ class Speculator:
                                sample, hot_ids, random)
         return build_tree(rows.roots, self.draft.logits(root_hidden), expand, shape.depth, shape.top_k,
                           shape.total_tokens, params.temperature, sample, hot_ids, random)
+
+    def flush(self) -> None:
+        """Store every deferred entry now, in one draft forward."""
+        if self._deferred:
+            rows, self._deferred = DraftRows.concat(self._deferred), []
+            self._store(self._deferred_to, rows)
+
+    def _defer(self, kv: DraftKV, rows: DraftRows) -> None:
+        if kv is not self._deferred_to:
+            self.flush()
+            self._deferred_to = kv
+        if bool((rows.count > SHORT_ROW).any()):  # a prompt chunk: stored now, each group in its own forward
+            self.flush()
+            groups = _row_groups(rows.count)
+            for index in groups:
+                self._store(kv, rows if len(groups) == 1 else rows.select(index))
+            return
+        self._deferred.append(rows)
+        if len(self._deferred) >= DEFER_STEPS:
+            self.flush()
 
     def _catch_up(self, kv: DraftKV, rows: DraftRows, extra_columns: int) -> tuple[_Context, torch.Tensor]:
         """One draft forward over ``rows``' new entries, queried at each row's last one; returns the context
@@ -188,8 +231,10 @@ class Speculator:
         return context, out[:, 0]
 
     def _store(self, kv: DraftKV, rows: DraftRows) -> None:
-        """Only the new entries' keys and values, into the store (a step that grows no tree)."""
-        positions = rows.start[:, None] + torch.arange(rows.tokens.shape[1], device=rows.tokens.device)
+        """Only the new entries' keys and values, into the store (no tree grown); padding runs at the row's last
+        position (within the rotary tables)."""
+        new = torch.arange(rows.tokens.shape[1], device=rows.tokens.device)
+        positions = rows.start[:, None] + torch.minimum(new[None], rows.count[:, None] - 1)
         self._write(kv, rows, *self.draft.keys_values(rows.tokens, self.draft.fuse(rows.features), positions))
 
     @staticmethod

@@ -84,10 +84,41 @@ def test_catch_up_only_and_smaller_shapes(speculator, target):
                      torch.randint(3, target.config.vocab_size, (2, 5)), torch.randn(2, 5, 3 * c.target_hidden_size))
     params = SamplingParams.uniform(2)
     assert speculator.step(kv, rows, params, shape=TreeShape(CONFIG.depth, 1, 1)) is None
-    assert kv.keys[:5].abs().sum() > 0 and kv.keys[32:35].abs().sum() > 0 and kv.keys[35:].abs().sum() == 0
+    assert kv.keys.abs().sum() == 0  # deferred: stored before the next tree is grown
     chain = speculator.step(kv, DraftRows(rows.slots, rows.count, torch.ones(2, dtype=torch.long),
                                           rows.tokens[:, :1], rows.features[:, :1]), params, shape=TreeShape(3, 1, 4))
+    assert kv.keys[:6].abs().sum() > 0 and kv.keys[32:36].abs().sum() > 0 and kv.keys[36:].abs().sum() == 0
     assert chain.tokens.shape == (2, 4) and (chain.parents[:, 1:] == torch.arange(3)).all()
+
+
+def test_steps_without_a_tree_store_their_entries_together_exactly(speculator, target):
+    """Decode steps that grow no tree are stored in one forward, after DEFER_STEPS of them or on flush, with the
+    keys and values each step would have stored alone; a prompt chunk is stored at once."""
+    from eagle3_plugin.speculator import DEFER_STEPS, Speculator
+    speculator = Speculator(speculator.draft, speculator.config)  # nothing deferred by other tests
+    c = speculator.draft.config
+    g = torch.Generator().manual_seed(3)
+    steps = [DraftRows(torch.arange(64).view(2, 32), torch.tensor([i, 20 + i]), torch.ones(2, dtype=torch.long),
+                       torch.randint(3, target.config.vocab_size, (2, 1), generator=g),
+                       torch.randn(2, 1, 3 * c.target_hidden_size, generator=g)) for i in range(DEFER_STEPS + 2)]
+    params, none = SamplingParams.uniform(2), TreeShape(1, 1, 1)
+    alone = DraftKV.allocate(64, c.num_key_value_heads, c.head_dim, torch.float32)
+    for rows in steps:
+        speculator._store(alone, rows)
+    deferred = DraftKV.allocate(64, c.num_key_value_heads, c.head_dim, torch.float32)
+    for i, rows in enumerate(steps):
+        speculator.step(deferred, rows, params, shape=none)
+        if i == DEFER_STEPS - 2:
+            assert deferred.keys.abs().sum() == 0
+    assert deferred.keys[:DEFER_STEPS].abs().sum() > 0 and deferred.keys[DEFER_STEPS:32].abs().sum() == 0
+    speculator.flush()
+    assert torch.allclose(deferred.keys, alone.keys, atol=1e-6) and torch.allclose(deferred.values, alone.values,
+                                                                                   atol=1e-6)
+    chunk = DraftRows(torch.arange(64).view(2, 32), torch.tensor([12, 0]), torch.tensor([1, 20]),
+                      torch.randint(3, target.config.vocab_size, (2, 20), generator=g),
+                      torch.randn(2, 20, 3 * c.target_hidden_size, generator=g))
+    speculator.step(deferred, chunk, params, shape=none)
+    assert deferred.keys[32:52].abs().sum() > 0 and deferred.keys[12].abs().sum() > 0
 
 
 def test_proposed_trees_are_kept_per_request():

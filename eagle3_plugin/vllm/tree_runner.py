@@ -109,6 +109,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
     def _update_states(self, scheduler_output):
         if self.eagle3 is not None:
             self._pending.drop(scheduler_output.finished_req_ids)
+            if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+                began = time.perf_counter()  # their blocks may change owner this step: deferred entries land first
+                self.speculator.flush()
+                self.timings.draft += time.perf_counter() - began
         return super()._update_states(scheduler_output)
 
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
@@ -206,10 +210,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
                 drafts[row] = []
         ended = time.perf_counter()
         self.timings.draft += ended - began
-        verified = step.node_count > 1
-        has_tree = bool(verified.any())
-        self.budget.record(self._drafted, shape, step.tree.select(verified) if has_tree else None,
-                           step.verdict.select(verified) if has_tree else None,
+        whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
+        has_tree = self._drafted.total_tokens > 1 and bool(whole.any())
+        self.budget.record(self._drafted, shape, step.tree.select(whole) if has_tree else None,
+                           step.verdict.select(whole) if has_tree else None,
                            bool((step.count == step.node_count).all()), ended - step.began, ended - began,
                            step.num_reqs)
         self._drafted = shape

@@ -1,0 +1,66 @@
+"""The auto tree budget's bookkeeping (``eagle3_plugin/budget.py``), without an engine: acceptance is a mean over
+request-rounds, a shape is probed until enough request-rounds back its mean, and the choice follows the measured
+costs (the tree at batch 1, no speculation under a load where verification is dear)."""
+
+import pytest
+import torch
+
+from eagle3_plugin.budget import MIN_OBSERVATIONS, MIN_ROUNDS, NONE, ROUND_MEMORY, Line, RoundMean, TreeBudget
+from eagle3_plugin.config import Eagle3Config
+from eagle3_plugin.sampler import Verdict
+from eagle3_plugin.tree import DraftTree
+
+CONFIG = Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="auto")
+
+
+def rounds(batch: int, accepted_path: list[int]):
+    """``batch`` identical trees (root; children 1, 2 of the root; 3 under 1; 4 under 3) and a verdict that accepts
+    ``accepted_path`` (node indices after the root) in every row."""
+    parents = torch.tensor([[-1, 0, 0, 1, 3]]).expand(batch, -1)
+    depths = torch.tensor([[0, 1, 1, 2, 3]]).expand(batch, -1)
+    tree = DraftTree(torch.arange(5).expand(batch, -1), parents, depths)
+    path = torch.full((batch, CONFIG.depth + 1), -1)
+    path[:, 0] = 0
+    if accepted_path:
+        path[:, 1:1 + len(accepted_path)] = torch.tensor(accepted_path)
+    n = torch.full((batch,), len(accepted_path))
+    return tree, Verdict(path, n, torch.zeros(batch, dtype=torch.long))
+
+
+def test_every_request_round_weighs_alike():
+    mean = RoundMean()
+    mean.observe(torch.tensor([4]))  # a step of one request
+    mean.observe(torch.tensor([0, 0, 0]))  # a step of three
+    decay = ROUND_MEMORY ** 3
+    assert mean.value == pytest.approx(decay * 4 / (decay + 3)) and mean.rounds == 4
+
+
+def test_a_shape_is_probed_until_enough_request_rounds_back_its_acceptance():
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    chosen = []
+    for _ in range(MIN_ROUNDS + 2 * MIN_OBSERVATIONS):
+        shape = budget.shape(1)
+        chosen.append(shape)
+        trees, verdict = rounds(1, [1, 3] if shape != NONE else [])
+        budget.record(shape, shape, trees if shape != NONE else None, verdict if shape != NONE else None, True,
+                      0.01, 0.001, 1)
+    assert chosen[:MIN_ROUNDS] == [tree] * MIN_ROUNDS  # one request-round per step: many steps of the tree
+    assert budget.accepted[tree].value == pytest.approx(2)
+    assert budget.accepted[chain].value == pytest.approx(2)  # path 1 -> 3: first children both, learned from trees
+    assert chosen[MIN_ROUNDS:MIN_ROUNDS + 2 * MIN_OBSERVATIONS] == [chain] * MIN_OBSERVATIONS + [NONE] * MIN_OBSERVATIONS
+
+
+def test_the_choice_follows_the_measured_costs():
+    budget = TreeBudget(CONFIG, {s: Line(0.001, 0.0001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: Line(0.010, 0.004), chain: Line(0.010, 0.0015), NONE: Line(0.010, 0.0002)}
+    for line in budget.verify_cost.values():
+        line.observations = MIN_OBSERVATIONS
+    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    budget.last_run = {s: 0 for s in budget.shapes}
+    assert budget.shape(1) == tree  # 4 tokens for ~15 ms against 1 for ~11 ms
+    assert budget.shape(32) == NONE  # the tree's verification grows 20x faster with the batch than no speculation
+    assert budget.shape(4) == chain
+    assert budget.tokens_per_second(NONE, 32) == pytest.approx(32 / (0.010 + 0.0002 * 32 + 0.001 + 0.0001 * 32))
