@@ -5,6 +5,9 @@ process). Arguments: one JSON object on standard input (see ``main``). ``prompts
 ``batches`` several, each its own ``generate`` call, with the counters of that call alone. ``engine``: more
 ``LLM`` arguments (prefix caching, block size, a KV budget). ``sampling``: one dict of sampling settings
 (temperature, top_k, top_p) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``.
+``shape_cycle``: our worker's tree shapes forced step by step, cycling through this list (each ``"tree"`` or
+``"none"``) in place of its budget's choice; ``defer_steps``: the speculator's ``DEFER_STEPS`` (1: steps without a
+tree store their entries at once). With either, the engine runs in this process, where the overrides apply.
 """
 
 import json
@@ -27,9 +30,27 @@ def difference(after: dict, before: dict) -> dict:
     return {k: sub(v, before.get(k, [0] * len(v) if isinstance(v, list) else 0)) for k, v in after.items()}
 
 
+def force_shapes(cycle: list) -> None:
+    """Make every ``TreeBudget`` draft ``cycle[step % len(cycle)]``: the configured tree, or nothing."""
+    from eagle3_plugin import budget
+
+    def shape(self, batch, seeded=False):
+        self.steps += 1
+        return self.shapes[0] if cycle[(self.steps - 1) % len(cycle)] == "tree" else budget.NONE
+
+    budget.TreeBudget.shape = shape
+
+
 def main() -> None:
     spec = json.load(sys.stdin)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if spec.get("shape_cycle") or spec.get("defer_steps"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if spec.get("shape_cycle"):
+            force_shapes(spec["shape_cycle"])
+        if spec.get("defer_steps"):
+            from eagle3_plugin import speculator
+            speculator.DEFER_STEPS = spec["defer_steps"]
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -7,6 +7,10 @@
   greedy outputs stay identical, and acceptance is the reference generator's but for the rounds preemption moved:
   vLLM drops a preempted request's draft tokens and its resumed prefill samples one token plainly, so each resume
   shifts where later rounds begin (at most one round more or fewer per preemption).
+- The same when two steps of every three draft nothing (as the auto budget does under load): those steps defer
+  their draft entries until the next tree or until a block changes owner. Greedy outputs stay identical, and the
+  trees accept exactly what they accept when every such step stores its entries at once (a deferred entry lost or
+  written to another request's slot would change what later trees accept).
 """
 
 import pytest
@@ -69,19 +73,38 @@ def test_prefix_caching_reuses_the_drafts_kv(shared_prefix_prompts):
         assert on[1]["metrics"][key] == off[1]["metrics"][key], key
 
 
-def test_preemption_keeps_outputs_and_acceptance(tokenizer):
-    prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
+def preempted_run(prompts, config: dict, **more) -> dict:
     # 12 requests need about 60 blocks of 32 tokens at once (prompt, 48 new tokens, 31 draft slots); give 14.
-    out = run_llm(dict(target=TARGET, speculative_config=TREE, prompts=prompts, temperature=0.0,
-                       max_tokens=MAX_TOKENS, engine=dict(block_size=32, num_gpu_blocks_override=14, max_model_len=256)))
+    out = run_llm(dict(target=TARGET, speculative_config=config, prompts=prompts, temperature=0.0,
+                       max_tokens=MAX_TOKENS, engine=dict(block_size=32, num_gpu_blocks_override=14, max_model_len=256),
+                       **more))
     assert out["metrics"]["vllm:num_preemptions"] > 0
     assert out["tokens"] == hf_greedy(prompts)
-    gen = SpeculativeGenerator.from_pretrained(TARGET, Eagle3Config.from_dict(TREE))
-    ref = AcceptanceStats(5)
+    return out["metrics"]
+
+
+def reference_stats(prompts, config: Eagle3Config) -> AcceptanceStats:
+    gen = SpeculativeGenerator.from_pretrained(TARGET, config)
+    ref = AcceptanceStats(config.depth)
     for p in prompts:
         ref.merge(gen.generate([p], MAX_TOKENS, SamplingParams.uniform(1)).stats)
-    metrics = out["metrics"]
+    return ref
+
+
+def test_preemption_keeps_outputs_and_acceptance(tokenizer):
+    prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
+    metrics = preempted_run(prompts, TREE)
+    ref = reference_stats(prompts, Eagle3Config.from_dict(TREE))
     rounds, preemptions = metrics["vllm:spec_decode_num_drafts"], metrics["vllm:num_preemptions"]
     assert abs(rounds - ref.rounds) <= preemptions
     mal = 1 + metrics["vllm:spec_decode_num_accepted_tokens"] / rounds
     assert mal == pytest.approx(ref.mean_acceptance_length, rel=0.05)
+
+
+def test_preemption_with_steps_that_draft_nothing(tokenizer):
+    prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
+    cycle = ["tree", "none", "none"]
+    deferred = preempted_run(prompts, TREE, shape_cycle=cycle)
+    at_once = preempted_run(prompts, TREE, shape_cycle=cycle, defer_steps=1)
+    for key in SPEC_KEYS:
+        assert deferred[key] == at_once[key], key
