@@ -22,8 +22,9 @@ measured, never assumed:
   first child at each level is the chain's node).
 
 The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements
-(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), or not run for a while, is probed. ``budget: "fixed"`` always drafts the configured tree, and so does a step with
-a seeded request (the draws a round makes depend on its shape).
+(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), or not run for a while, is probed.
+``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
+makes depend on its shape).
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ def test_a_shape_is_probed_until_enough_request_rounds_back_its_acceptance():
     assert chosen[:MIN_ROUNDS] == [tree] * MIN_ROUNDS  # one request-round per step: many steps of the tree
     assert budget.accepted[tree].value == pytest.approx(2)
     assert budget.accepted[chain].value == pytest.approx(2)  # path 1 -> 3: first children both, learned from trees
-    assert chosen[MIN_ROUNDS:MIN_ROUNDS + 2 * MIN_OBSERVATIONS] == [chain] * MIN_OBSERVATIONS + [NONE] * MIN_OBSERVATIONS
+    then = chosen[MIN_ROUNDS:]  # the chain's acceptance is known: only its and no speculation's costs are probed
+    assert then == [chain] * MIN_OBSERVATIONS + [NONE] * MIN_OBSERVATIONS
 
 
 def test_the_choice_follows_the_measured_costs():
