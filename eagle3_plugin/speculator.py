@@ -167,12 +167,11 @@ class Speculator:
         ``total_tokens == 1``: catch up only, returns None). ``params`` and ``random`` are per row."""
         shape = shape or TreeShape.of(self.config)
         self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
-        grow = shape.total_tokens > 1
-        tree_columns = (shape.depth - 1) * shape.top_k if grow else 0
-        if not grow:
+        if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`flush`)
             self._defer(kv, rows)
             return None
         self.flush()
+        tree_columns = (shape.depth - 1) * shape.top_k
         groups = _row_groups(rows.count)
         if len(groups) == 1:
             context, root_hidden = self._catch_up(kv, rows, tree_columns)
