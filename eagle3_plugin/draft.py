@@ -99,7 +99,8 @@ class RMSNorm(nn.Module):
 
 
 class Rotary:
-    """Llama rotary embedding (rotate-half layout); cos/sin tables per device, grown when a position needs it."""
+    """Llama rotary embedding (rotate-half layout); cos/sin tables per device, grown when a position needs it. The
+    sine table carries rotate-half's sign (``-sin`` on the first half), so :func:`apply_rope` only swaps halves."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int):
         self.head_dim, self.theta, self.size = head_dim, theta, max_positions
@@ -111,25 +112,26 @@ class Rotary:
             self.size, self._tables = positions, {}
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos``, ``sin`` ``[B, 1, Q, D]`` (float32) at ``positions [B, Q]``."""
-        tables = self._tables.get(positions.device)
-        if tables is None:
+        """``cos``, signed ``sin`` ``[B, Q, 1, D]`` (float32) at ``positions [B, Q]``, read in one lookup."""
+        table = self._tables.get(positions.device)
+        if table is None:
             d = self.head_dim
             inv_freq = 1.0 / (self.theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
             angles = torch.arange(self.size, device=positions.device, dtype=torch.float32)[:, None] * inv_freq
-            angles = torch.cat([angles, angles], -1)
-            tables = self._tables[positions.device] = (angles.cos(), angles.sin())
-        cos, sin = tables
-        return cos[positions][:, None], sin[positions][:, None]
+            sin = angles.sin()
+            table = self._tables[positions.device] = torch.stack(
+                [torch.cat([angles.cos()] * 2, -1), torch.cat([-sin, sin], -1)], dim=1)  # [P, 2, D]
+        cos_sin = table[positions]  # [B, Q, 2, D]
+        return cos_sin[:, :, 0:1], cos_sin[:, :, 1:2]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, H, Q, D]`` by the tables of :meth:`Rotary.tables`."""
-    d = x.shape[-1]
-    rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+    """Rotate ``x [B, Q, H, D]`` by the tables of :meth:`Rotary.tables`: ``x cos + rotate_half(x) sin``, with
+    rotate-half's sign already in ``sin`` (exactly the same numbers)."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
     if x.dtype == torch.float32:
-        return x * cos + rotated * sin
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+        return x * cos + swapped * sin
+    return (x.float() * cos + swapped.float() * sin).to(x.dtype)
 
 
 # attention(q [B, Hq, Q, D], k [B, Hkv, Q, D], v) -> [B, Hq, Q, D]: where the keys live is the caller's business
@@ -182,27 +184,26 @@ class DraftAttention(nn.Module):
     def forward(self, x, positions, attention: AttentionFn, queries: Optional[torch.Tensor] = None):
         """Keys and values of every token of ``x [B, Q, 2H]``; queries of all of them, or of ``queries [B, Qq]``
         (indices into Q) only. Returns ``[B, Q or Qq, H]``."""
-        q, k, v = self.qkv(x)
+        c = self.c
+        rotated, v = self._rotated(x, positions, 0)
+        q, k = rotated[:, :, :c.num_attention_heads], rotated[:, :, c.num_attention_heads:]
         if queries is not None:
-            q = q.gather(1, queries[..., None].expand(-1, -1, q.shape[-1]))
-        return self.o_proj(attention(*self._heads(q, k, v, positions, queries)).transpose(1, 2).flatten(2))
+            q = q.gather(1, queries[..., None, None].expand(-1, -1, *q.shape[2:]))
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.o_proj(out.transpose(1, 2).flatten(2))
 
     def keys_values(self, x, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """Only the keys and values of ``x [B, Q, 2H]``, each ``[B, Hkv, Q, D]``."""
-        _, k, v = self.qkv(x)
-        return self._heads(None, k, v, positions, None)[1:]
+        k, v = self._rotated(x, positions, self.c.num_attention_heads)
+        return k.transpose(1, 2), v.transpose(1, 2)
 
-    def _heads(self, q, k, v, positions, queries):
+    def _rotated(self, x, positions, first_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One projection of ``x`` to every head (queries, keys, values), ``[B, Q, heads, D]``: the query and key
+        heads from ``first_head`` on rotated together, and the value heads."""
         c = self.c
-        b, q_len = k.shape[:2]
-        k = k.view(b, q_len, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = v.view(b, q_len, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        cos, sin = self.rotary.tables(positions)
-        if q is not None:
-            q = q.view(b, q.shape[1], c.num_attention_heads, c.head_dim).transpose(1, 2)
-            q = apply_rope(q, cos, sin) if queries is None else apply_rope(
-                q, *self.rotary.tables(positions.gather(1, queries)))
-        return q, apply_rope(k, cos, sin), v
+        heads = self.qkv(x).unflatten(-1, (-1, c.head_dim))
+        values_from = c.num_attention_heads + c.num_key_value_heads
+        return apply_rope(heads[:, :, first_head:values_from], *self.rotary.tables(positions)), heads[:, :, values_from:]
 
 
 class DraftMLP(nn.Module):
@@ -214,27 +215,32 @@ class DraftMLP(nn.Module):
         self.gate_up = _FusedLinear(self.gate_proj, self.up_proj)
 
     def forward(self, x):
-        gate, up = self.gate_up(x)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
 class _FusedLinear:
-    """Several bias-free linears over one input as one matmul when no gradient is needed (inference); the separate
-    layers (official weight names, what training updates) otherwise. The fused weight is rebuilt whenever a part
-    changes (tracked by tensor versions)."""
+    """Several bias-free linears over one input, their outputs concatenated: one matmul when no gradient is needed
+    (inference); the separate layers (official weight names, what training updates) otherwise. The fused weight is
+    rebuilt whenever a part changes."""
 
     def __init__(self, *parts: nn.Linear):
         self.__dict__["parts"] = parts  # plain attribute: not a submodule, not in state_dict
         self._weight, self._versions = None, None
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
-            return [part(x) for part in self.parts]
-        versions = [(part.weight.data_ptr(), part.weight._version) for part in self.parts]
+            return torch.cat([part(x) for part in self.parts], dim=-1)
+        versions = _versions(*(part.weight for part in self.parts))
         if versions != self._versions:
             self._weight = torch.cat([part.weight for part in self.parts]).detach()
             self._versions = versions
-        return list(torch.split(F.linear(x, self._weight), [part.out_features for part in self.parts], dim=-1))
+        return F.linear(x, self._weight)
+
+
+def _versions(*tensors: torch.Tensor) -> list:
+    """What tells whether a tensor derived from ``tensors`` is stale: their storage and in-place versions."""
+    return [(t.data_ptr(), t._version) for t in tensors]
 
 
 class DraftLayer(nn.Module):
@@ -248,15 +254,17 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(c)
         self.mlp = DraftMLP(c)
 
-    def forward(self, embeds, hidden, positions, attention: AttentionFn, queries: Optional[torch.Tensor] = None):
-        x = self.attention_input(embeds, hidden)
+    def forward(self, normed_embeds, hidden, positions, attention: AttentionFn,
+                queries: Optional[torch.Tensor] = None):
+        """``normed_embeds``: ``input_layernorm(embed(tokens))`` (:meth:`Eagle3Draft.normed_embeddings`)."""
+        x = self.attention_input(normed_embeds, hidden)
         if queries is not None:
             hidden = hidden.gather(1, queries[..., None].expand(-1, -1, hidden.shape[-1]))
         hidden = hidden + self.self_attn(x, positions, attention, queries)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
-    def attention_input(self, embeds, hidden):
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+    def attention_input(self, normed_embeds, hidden):
+        return torch.cat([normed_embeds, self.hidden_norm(hidden)], dim=-1)
 
 
 class Eagle3Draft(nn.Module):
@@ -273,6 +281,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if
                              c.draft_vocab_size == c.vocab_size else torch.zeros(c.vocab_size, dtype=torch.bool))
         self._embed: Optional[nn.Embedding] = None
+        self._normed_table, self._normed_versions = None, None  # input_layernorm of every token's embedding
 
     def attach_embedding(self, embedding: nn.Embedding) -> None:
         """Share the target's token embedding (not registered: not trained, not saved)."""
@@ -298,17 +307,26 @@ class Eagle3Draft(nn.Module):
         reach ``attention``; the queries are all tokens, or ``queries [B, Qq]`` (indices into Q) only. Returns the
         pre-norm output of the queries, ``[B, Q or Qq, H]``, the next step's ``hidden``."""
         attention = attention or ConcatAttention(scale=self.attention_scale)
-        return self.midlayer(self._embedded(input_ids), hidden, positions, attention, queries)
+        return self.midlayer(self.normed_embeddings(input_ids), hidden, positions, attention, queries)
 
     def keys_values(self, input_ids, hidden, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """What :meth:`forward` would give ``attention`` as keys and values (``[B, Hkv, Q, D]`` each), alone."""
         layer = self.midlayer
-        return layer.self_attn.keys_values(layer.attention_input(self._embedded(input_ids), hidden), positions)
+        return layer.self_attn.keys_values(layer.attention_input(self.normed_embeddings(input_ids), hidden),
+                                           positions)
 
-    def _embedded(self, input_ids):
+    def normed_embeddings(self, input_ids):
+        """``input_layernorm(embed(input_ids))``; at inference a row of a table normalised once (the same numbers:
+        the norm is per token), rebuilt when the embedding or the norm changes."""
         if self._embed is None:
             raise RuntimeError("attach the target's embedding first (Eagle3Draft.attach_embedding)")
-        return self._embed(input_ids)
+        norm = self.midlayer.input_layernorm
+        if torch.is_grad_enabled():
+            return norm(self._embed(input_ids))
+        versions = _versions(self._embed.weight, norm.weight)
+        if versions != self._normed_versions:
+            self._normed_table, self._normed_versions = norm(self._embed.weight).detach(), versions
+        return F.embedding(input_ids, self._normed_table)
 
     @property
     def attention_scale(self) -> float:
