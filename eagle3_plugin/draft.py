@@ -142,11 +142,24 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Softmax attention of ``q [B, Hq, Q, D]`` over ``keys/values [B, Hkv, L, D]`` where ``allowed [B, Q, L]``
     (every query must see at least one key). Grouped-query heads share their key head without copying it."""
+    return masked_attention(q, keys, values, grouped_mask(allowed, q.shape[1] // keys.shape[1], q.dtype), scale)
+
+
+def grouped_mask(allowed: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """``allowed [B, Q, L]`` as the additive mask of :func:`masked_attention` (0 or -inf, what SDPA makes of a
+    boolean mask), ``[B, 1, groups * Q, L]``: for callers that attend many times with one mask."""
+    b, q_len, length = allowed.shape
+    bias = torch.zeros(b, 1, groups, q_len, length, dtype=dtype, device=allowed.device)
+    bias.masked_fill_(~allowed[:, None, None], float("-inf"))
+    return bias.view(b, 1, groups * q_len, length)
+
+
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """:func:`grouped_attention` with its mask already built (:func:`grouped_mask`)."""
     b, hq, q_len, d = q.shape
-    hkv, length = keys.shape[1], keys.shape[2]
-    groups = hq // hkv
-    mask = allowed[:, None, None].expand(b, 1, groups, q_len, length).reshape(b, 1, groups * q_len, length)
-    out = F.scaled_dot_product_attention(q.reshape(b, hkv, groups * q_len, d), keys, values, attn_mask=mask,
+    hkv = keys.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, hq // hkv * q_len, d), keys, values, attn_mask=mask,
                                          scale=scale)
     return out.view(b, hq, q_len, d)
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from ..draft import grouped_attention
+from ..draft import grouped_mask, masked_attention
 from . import paged_kv
 
 METADATA_ATTRIBUTE = "eagle3_tree"
@@ -39,6 +39,7 @@ class TreeAttention:
     allowed: torch.Tensor
     seconds: float = 0.0
     _blocks: Optional[tuple] = None  # (block table it was read from, the rows' block ids): same for every layer
+    _mask: Optional[torch.Tensor] = None  # ``allowed`` as the attention's additive mask: same for every layer
 
     def __post_init__(self):
         self.query_tokens = self.queries[self.is_query]  # flat indices of the real query tokens
@@ -66,7 +67,9 @@ class TreeAttention:
             self._blocks = (block_table, block_table[self.rows][:, :self.allowed.shape[2] // kv_cache.shape[2]])
         keys, values = paged_kv.gather_blocks(kv_cache, self._blocks[1])
         q = query[self.queries].transpose(1, 2)  # [R, Hq, N, D]
-        out = grouped_attention(q, keys, values, self.allowed, scale)
+        if self._mask is None:
+            self._mask = grouped_mask(self.allowed, q.shape[1] // keys.shape[1], q.dtype)
+        out = masked_attention(q, keys, values, self._mask, scale)
         output[self.query_tokens] = out.transpose(1, 2)[self.is_query].to(output.dtype)
         self.seconds += time.perf_counter() - began
 
