@@ -190,9 +190,14 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
     its ancestors carries the target's argmax after its parent; siblings carry distinct tokens, so the accepted
     nodes form one path, and its deepest node gives the bonus token. Same verdict as the general path (whose
     one-hot ``p`` accepts exactly those children), a few batched ops instead of a loop over vocabulary rows."""
+    return greedy_verdict(tree, target_logits.argmax(-1))
+
+
+def greedy_verdict(tree: DraftTree, best: torch.Tensor) -> Verdict:
+    """:func:`verify_greedy` given the target's argmax after each node, ``best [B, N]`` (engines take it from their
+    flat logits without copying the tree's rows out)."""
     b = tree.tokens.shape[0]
     rows = torch.arange(b, device=tree.tokens.device)
-    best = target_logits.argmax(-1)  # [B, N]
     match = (tree.tokens == best.gather(1, tree.parents.clamp(min=0))) & (tree.parents >= 0)
     match[:, 0] = True
     on_path = ~(tree.ancestor_mask() & ~match[:, None, :]).any(-1)
