@@ -122,6 +122,16 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingPa
     return verify_tree_general(tree, target_logits, params, method, generator)
 
 
+def verify_tree_rows(tree: DraftTree, logits: torch.Tensor, rows: torch.Tensor, params: SamplingParams,
+                     method: Method = "real", generator: Optional[torch.Generator] = None) -> Verdict:
+    """:func:`verify_tree` over an engine's flat logits ``[T, V]``: node ``j`` of row ``b`` reads ``logits[rows[b, j]]``.
+    An all-greedy batch takes the argmax of the flat rows, then the tree's (the tree's rows are not copied out)."""
+    _check_method(method)
+    if bool(params.greedy.all()):
+        return greedy_verdict(tree, logits.argmax(-1)[rows])
+    return verify_tree_general(tree, logits[rows].float(), params, method, generator)
+
+
 def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, method: Method = "real",
                         generator: Optional[torch.Generator] = None) -> Verdict:
     """:func:`verify_tree` for any mix of greedy and sampled rows (greedy ones see a one-hot ``p``)."""

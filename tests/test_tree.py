@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from eagle3_plugin.sampler import SamplingParams
@@ -107,6 +108,22 @@ def test_greedy_verification_fast_path_equals_the_general_path():
         assert torch.equal(fast.accepted, general.accepted) and torch.equal(fast.bonus, general.bonus)
         lengths |= set(fast.num_accepted.tolist())
     assert len(lengths) >= 4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_verification_over_flat_rows_equals_verification_of_the_trees_rows(temperature):
+    """verify_tree_rows (an engine's flat logits and each node's row in them) decides as verify_tree does on the
+    tree's rows copied out, greedy (argmax fast path) and sampled."""
+    from eagle3_plugin.sampler import verify_tree, verify_tree_rows
+    toy = Bigram(vocab=50, draft_vocab=40, seed=9)
+    tree = build(toy, 4, depth=4, top_k=3, total=14, temperature=temperature, sample=temperature > 0)
+    gen = torch.Generator().manual_seed(1)
+    flat = torch.randn(4 * 14 + 5, 50, generator=gen)
+    rows = torch.randperm(flat.shape[0], generator=gen)[:4 * 14].view(4, 14)
+    params = SamplingParams.uniform(4, temperature=temperature)
+    want = verify_tree(tree, flat[rows], params, "real", torch.Generator().manual_seed(2))
+    got = verify_tree_rows(tree, flat, rows, params, "real", torch.Generator().manual_seed(2))
+    assert torch.equal(got.accepted, want.accepted) and torch.equal(got.bonus, want.bonus)
 
 
 def test_stable_topk_fast_path_matches_a_stable_sort():

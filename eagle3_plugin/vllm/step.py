@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..sampler import SamplingParams, Verdict, greedy_verdict, verify_tree
+from ..sampler import SamplingParams, Verdict, verify_tree_rows
 from ..speculator import DraftRows, ProposedTrees
 from ..tree import DraftTree
 from .paged_kv import block_slots
@@ -82,11 +82,7 @@ class Step:
 
     def verify(self, logits, params: SamplingParams, method: str, random) -> None:
         """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them."""
-        rows = self._logit_rows()
-        if bool(params.greedy.all()):  # the argmax over vLLM's flat rows: the tree's logits are not copied out
-            self.verdict = greedy_verdict(self.tree, logits.argmax(-1)[rows])
-        else:
-            self.verdict = verify_tree(self.tree, logits[rows].float(), params, method, random)
+        self.verdict = verify_tree_rows(self.tree, logits, self._logit_rows(), params, method, random)
         self.emitted = self.verdict.emitted(self.tree).to(torch.int32)
 
     def sampled(self, tokens: torch.Tensor) -> None:
