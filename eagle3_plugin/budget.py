@@ -91,10 +91,11 @@ class RoundMean:
         self.rounds += accepted.numel()
 
 
+@torch.inference_mode()
 def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype, device,
                         batches=(1, 8), context: int = 256, repeats: int = 3) -> dict[TreeShape, Line]:
     """Seconds per speculator step for each shape, a line in the batch size, on synthetic rows (random features,
-    ``context`` stored positions, one new entry per row: a decode step)."""
+    ``context`` stored positions, one new entry per row: a decode step). Nothing of them stays deferred."""
     c = speculator.draft.config
     biggest = max(batches)
     kv = DraftKV.allocate(biggest * (context + 1), c.num_key_value_heads, c.head_dim, dtype, device)
@@ -116,6 +117,7 @@ def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype
             seconds.append(min(timings[1:]))
         per_row = max((seconds[-1] - seconds[0]) / (batches[-1] - batches[0]), 0.0) if len(batches) > 1 else 0.0
         out[shape] = Line(max(seconds[0] - per_row * batches[0], 0.0), per_row)
+    speculator.flush()
     return out
 
 
@@ -132,6 +134,16 @@ class TreeBudget:
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.last_run = {s: 0 for s in self.shapes}
         self.steps = 0
+
+    @classmethod
+    def for_speculator(cls, speculator: Speculator, dtype, device) -> "TreeBudget":
+        """The budget of ``speculator``'s config; with ``budget: "auto"``, the draft's cost per shape measured here,
+        once (an engine calls this at start-up)."""
+        budget = cls(speculator.config)
+        if budget.auto:
+            budget.draft_costs = measure_draft_costs(speculator, budget.shapes, speculator.draft.fc.in_features,
+                                                     dtype, device)
+        return budget
 
     def shape(self, batch: int, seeded: bool = False) -> TreeShape:
         """The shape to draft for ``batch`` requests this step. A batch with a seeded request gets the configured

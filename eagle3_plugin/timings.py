@@ -18,10 +18,19 @@ class PluginTimings:
     tree_attention: float = 0.0  # tree rows redone in torch, all layers (vLLM)
     verify: float = 0.0  # sampler + KV compaction
     draft: float = 0.0  # draft catch-up + next trees
+    chain_steps: int = 0  # steps whose budget drafted the configured tree's chain (auto budget)
+    none_steps: int = 0  # steps whose budget drafted nothing (auto budget); the other steps drafted the tree
 
     def per_step_ms(self) -> dict:
         n = max(self.steps, 1)
-        return {k: 1e3 * v / n for k, v in asdict(self).items() if k != "steps"}
+        return {k: 1e3 * v / n for k, v in asdict(self).items() if isinstance(v, float)}
+
+    def drafted(self, shape, shapes) -> None:
+        """Count a step that drafted ``shape``, one of a budget's ``shapes`` (configured tree, chain, none)."""
+        if shape.total_tokens == 1:
+            self.none_steps += 1
+        elif shape != shapes[0]:
+            self.chain_steps += 1
 
     def write(self, path: str) -> None:
         """Replace ``path`` with these timings as JSON (atomically: readers never see half a file)."""

@@ -42,6 +42,13 @@ class DraftTree:
     draft_probs: Optional[torch.Tensor] = None
     hot_ids: Optional[torch.Tensor] = None
 
+    @classmethod
+    def root_only(cls, roots: torch.Tensor) -> "DraftTree":
+        """``roots [B]`` as trees of one node each: verifying one is a plain decode step."""
+        tokens = roots.long()[:, None]
+        zeros = torch.zeros_like(tokens)
+        return cls(tokens, zeros - 1, zeros)
+
     @property
     def size(self) -> int:
         return self.tokens.shape[1]

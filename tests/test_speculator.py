@@ -155,3 +155,17 @@ def test_proposed_trees_of_greedy_and_sampling_steps_mix():
     got, _ = proposed.get(["g", "s"])
     assert got.draft_probs.shape == (2, 3, 4) and got.draft_probs[0].sum() == 0 and got.draft_probs[1].sum() == 3
     assert torch.equal(got.hot_ids, torch.arange(4))
+
+
+def test_measuring_the_draft_costs_at_start_up_leaves_nothing_behind(speculator):
+    """An engine's start-up measurement times every shape of an auto budget (none included, which defers) on its
+    own synthetic store: no synthetic entry stays deferred to land in the engine's store later."""
+    import dataclasses
+
+    from eagle3_plugin.budget import NONE, TreeBudget
+    fixed = Speculator(speculator.draft, dataclasses.replace(CONFIG, budget="fixed"))
+    assert TreeBudget.for_speculator(fixed, torch.float32, "cpu").draft_costs == {}
+    auto = Speculator(speculator.draft, CONFIG)  # auto, the default
+    budget = TreeBudget.for_speculator(auto, torch.float32, "cpu")
+    assert set(budget.draft_costs) == set(budget.shapes) and NONE in budget.shapes and auto._deferred == []
+    assert budget.draft_costs[budget.shapes[0]](8) > budget.draft_costs[NONE](8)

@@ -112,8 +112,7 @@ def _trees(pending: ProposedTrees, req_ids: list, node_count: torch.Tensor) -> D
     if bool((~found & (node_count > 1)).any()):
         raise RuntimeError("eagle3-plugin: a request has scheduled draft tokens but no tree of ours")
     if trees is None:
-        zeros = torch.zeros(len(req_ids), 1, dtype=torch.long)
-        return DraftTree(zeros, zeros - 1, zeros)
+        return DraftTree.root_only(torch.zeros(len(req_ids), dtype=torch.long))
     return trees.truncated(node_count)
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..budget import NONE, TreeBudget, measure_draft_costs
+from ..budget import NONE, TreeBudget
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
 from ..rng import RowRandom
@@ -79,11 +79,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             table = self.model.embed_input_ids(torch.arange(draft.config.vocab_size, device=self.device))
         draft.attach_embedding(nn.Embedding.from_pretrained(table.detach().clone(), freeze=True))
         self.speculator = Speculator(draft, self.eagle3)
-        self.budget = TreeBudget(self.eagle3)
-        if self.budget.auto:  # the draft's cost per shape, measured here once
-            self.budget.draft_costs = measure_draft_costs(self.speculator, self.budget.shapes,
-                                                          3 * draft.config.target_hidden_size,
-                                                          self.model_config.dtype, self.device)
+        self.budget = TreeBudget.for_speculator(self.speculator, self.model_config.dtype, self.device)
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
         self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
         from vllm.model_executor.layers.attention import Attention
@@ -197,6 +193,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         rows = draft_rows(step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
                           table.block_size)
         shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators))
+        self.timings.drafted(shape, self.budget.shapes)
         params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)
         tree = self.speculator.step(self._draft_kv, rows, params, RowRandom(self._generator,
                                                                             sampling_metadata.generators), shape)
