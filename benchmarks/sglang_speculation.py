@@ -4,8 +4,10 @@
 
 1. Greedy, with 1, 4, 16 requests in flight (a thread per request slot, each server started once): tokens/s of no
    speculation, stock EAGLE-3 (tree 5/8/32, draft converted to SGLang's layout, eagle3-plugin left out),
-   eagle3-plugin's chain of 5 and its tree 5/8/32 (real draft probabilities); mean acceptance length (MAL); our
-   worker's milliseconds per scheduler step by phase; outputs checked identical.
+   eagle3-plugin's chain of 5 and its tree 5/8/32 (real draft probabilities) with the fixed budget, and its tree
+   with the auto budget (per step: the tree, its chain or none); mean acceptance length (MAL); our worker's
+   milliseconds per scheduler step by phase, and for the auto budget the share of steps that drafted the chain and
+   nothing; outputs checked identical.
 2. T = 1: MAL of our tree sampler with the draft's real probabilities vs the same tree verified with the draft
    treated as one-hot (SGLang's ``tree_speculative_sampling_target_only`` rule, run by our sampler with
    ``tree_sampler: one_hot``: stock SGLang on CPU cannot sample speculatively at all, it verifies greedily).
@@ -25,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_support"))
-from launch import STOCK_PLUGINS, SGLangServer  # noqa: E402
+from launch import STOCK_PLUGINS, SGLangServer, fixed_budget_config  # noqa: E402
 
 
 def mal(outs) -> float:
@@ -62,20 +64,21 @@ def main(argv=None) -> int:
         convert(a.draft, "sglang", converted, target=a.target)
         one_hot = os.path.join(tmp, "one_hot.json")
         with open(one_hot, "w") as f:
-            json.dump(ours.to_dict() | {"draft": ours.draft, "tree_sampler": "one_hot"}, f)
+            json.dump(ours.to_dict() | {"draft": ours.draft, "tree_sampler": "one_hot", "budget": "fixed"}, f)
         tree = ["--speculative-num-steps", str(ours.depth), "--speculative-eagle-topk", str(ours.top_k),
                 "--speculative-num-draft-tokens", str(ours.total_tokens)]
         spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path"]
         chain = ["--speculative-num-steps", str(ours.depth), "--speculative-eagle-topk", "1",
                  "--speculative-num-draft-tokens", str(ours.depth + 1)]
-        ours_file = os.path.join(a.draft, "eagle3.json")
+        fixed = fixed_budget_config(a.draft, os.path.join(tmp, "fixed.json"))
+        shape = f"{ours.depth}/{ours.top_k}/{ours.total_tokens}"
         settings = {  # name: (server args, SGLANG_PLUGINS, greedy timing?, T = 1 samples?)
             "no speculation": ([], None, True, False),
-            f"stock EAGLE3 tree {ours.depth}/{ours.top_k}/{ours.total_tokens}": ([*spec, converted, *tree],
-                                                                                STOCK_PLUGINS, True, False),
-            f"eagle3-plugin chain {ours.depth}": ([*spec, ours_file, *chain], None, True, False),
-            f"eagle3-plugin tree {ours.depth}/{ours.top_k}/{ours.total_tokens}, real draft probs":
-                ([*spec, ours_file], None, True, True),
+            f"stock EAGLE3 tree {shape}": ([*spec, converted, *tree], STOCK_PLUGINS, True, False),
+            f"eagle3-plugin chain {ours.depth}": ([*spec, fixed, *chain], None, True, False),
+            f"eagle3-plugin tree {shape}, real draft probs": ([*spec, fixed], None, True, True),
+            f"eagle3-plugin tree {shape}, auto budget": ([*spec, os.path.join(a.draft, "eagle3.json"), *tree], None,
+                                                         True, False),
             "eagle3-plugin tree, draft as one-hot": ([*spec, one_hot], None, False, True),
         }
         levels = [int(c) for c in a.concurrency.split(",")]
@@ -109,17 +112,19 @@ def main(argv=None) -> int:
     print(f"\n{len(prompts)} prompts x {a.max_new_tokens} new tokens, greedy, one run; T = 1: {a.samples} generations "
           "per prompt\n")
     print("| setting | requests in flight | tokens/s | vs no speculation | MAL | identical | our worker ms/step "
-          "(prepare, verify, draft) |")
-    print("|---|---:|---:|---:|---:|---|---|")
+          "(prepare, verify, draft) | steps drafting chain, none |")
+    print("|---|---:|---:|---:|---:|---|---|---|")
     for r in rows:
         for level, c in r["cells"].items():
             base = rows[0]["cells"][level]["tps"]
-            ms = ", ".join(f"{v:.2f}" for k, v in c["ms"].per_step_ms().items() if k != "tree_attention") \
-                if c["ms"] else ""
+            ms, shares = c["ms"], ""
+            if ms:
+                shares = f"{ms.chain_steps / max(ms.steps, 1):.0%}, {ms.none_steps / max(ms.steps, 1):.0%}"
+                ms = ", ".join(f"{v:.2f}" for k, v in ms.per_step_ms().items() if k != "tree_attention")
             mal_cell = "" if c["mal"] is None else f"{c['mal']:.3f}"
             print(f"| {r['setting']} | {level} | {c['tps']:.1f} | {c['tps'] / base:.2f}x | {mal_cell} | "
-                  f"{c['identical']} | {ms} |")
-    real, one_hot_mal = rows[3]["t1_mal"], rows[4]["t1_mal"]
+                  f"{c['identical']} | {ms or ''} | {shares} |")
+    real, one_hot_mal = rows[3]["t1_mal"], rows[5]["t1_mal"]
     print(f"\nT = 1, same draft and tree: real draft probabilities {real:.3f} vs one-hot {one_hot_mal:.3f} "
           f"({real / one_hot_mal:.2f}x)")
     return 0 if all(c["identical"] for r in rows for c in r["cells"].values()) else 1

@@ -85,7 +85,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--tree-sampler", choices=("real", "one_hot"))
     p.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
                    help="fixed: always the tree above (default, what a regression check compares); auto: per step, "
-                        "the shape the load pays for (vllm)")
+                        "the shape the load pays for")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-args", type=shlex.split, default=(), metavar="'ARGS'",
                    help="extra engine arguments: vllm serve's for --engine vllm (e.g. '--max-model-len 512'), the "

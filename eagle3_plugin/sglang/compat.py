@@ -32,7 +32,7 @@ REQUIRED_INTERNALS = (
     # the worker
     (f"{_SPEC}.eagle_worker_v2", "EAGLEWorkerV2.forward_batch_generation",
      ("batch", "on_publish", "grammar_barrier", "pp_proxy_tensors")),
-    (f"{_SPEC}.eagle_worker_v2", "EAGLEWorkerV2.verify", ("batch", "grammar_barrier")),
+    (f"{_SPEC}.eagle_worker_v2", "EAGLEWorkerV2.verify", ("batch", "pp_proxy_tensors", "grammar_barrier")),
     (f"{_SPEC}.eagle_worker_v2", "EAGLEWorkerV2.__init__", ("server_args", "gpu_id", "nccl_port", "target_worker")),
     ("sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation", ("batch", "capture_hidden_mode")),
     (f"{_SPEC}.eagle_utils", "_eagle_prefill_tail_tokens", ("batch", "next_token_ids")),
@@ -40,7 +40,12 @@ REQUIRED_INTERNALS = (
     (f"{_SPEC}.eagle_utils", "TreeMaskMode.QLEN_ONLY", None),
     ("sglang.srt.runtime_context", "get_spec", ()),
     (f"{_SPEC}.eagle_utils", "eagle_sample", ("verify_input", "batch", "logits_output", "grammar_mask")),
-    (f"{_SPEC}.eagle_worker_common", "run_eagle_verify", ("batch", "topk", "num_draft_tokens")),
+    (f"{_SPEC}.eagle_worker_common", "run_eagle_verify",
+     ("batch", "target_worker", "req_to_token_pool", "token_to_kv_pool_allocator", "plan_stream", "plan_stream_ctx",
+      "topk", "num_draft_tokens", "device", "metadata_ready_pre_pad", "finalize_tree_path", "pp_proxy_tensors",
+      "grammar_barrier")),
+    # a verify step of any width up to the allocated one: SGLang's output stride and attention read it per step
+    ("sglang.srt.managers.utils", "GenerationBatchResult", ("speculative_num_draft_tokens",)),
     (f"{_SPEC}.eagle_info", "EagleVerifyInput",
      ("draft_token", "custom_mask", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling",
       "retrieve_cum_len", "spec_steps", "topk", "draft_token_num", "capture_hidden_mode", "seq_lens_sum",

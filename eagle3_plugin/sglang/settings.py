@@ -4,7 +4,7 @@
 speculators, EAGLE) or our ``eagle3.json``. When the draft folder holds an ``eagle3.json`` (or the path is
 one) and no tree flag is given, its tree shape fills ``--speculative-num-steps`` (= our depth),
 ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` (= our total_tokens); explicit flags win.
-The file's other settings (``tree_sampler``, ``layer_ids``) reach the scheduler processes through the
+The file's other settings (``tree_sampler``, ``budget``, ``layer_ids``) reach the scheduler processes through the
 environment variable :data:`CONFIG_ENV`, set in the launcher before they start. SGLang's radix cache stays on:
 the draft's keys and values live in SGLang's draft pool at the same slots as the target's, and SGLang keys its
 EAGLE radix tree by token pairs, so a cached prefix brings exact draft entries.
@@ -60,11 +60,12 @@ def resolve_server_args(server_args) -> None:
 
 
 def worker_config(draft_path: str, num_steps: int, topk: int, num_draft_tokens: int) -> Eagle3Config:
-    """The tree SGLang was started with, as our config; ``tree_sampler`` and ``layer_ids`` from the launcher's
-    ``eagle3.json`` (:data:`CONFIG_ENV`) or the draft folder's, if any (``layer_ids`` None: the draft's own)."""
+    """The tree SGLang was started with, as our config; ``tree_sampler``, ``budget`` and ``layer_ids`` from the
+    launcher's ``eagle3.json`` (:data:`CONFIG_ENV`) or the draft folder's, if any (``layer_ids`` None: the draft's
+    own; ``budget`` by default auto)."""
     config_file = os.environ.get(CONFIG_ENV) or our_config_file(draft_path)
     given = Eagle3Config.load(config_file) if config_file else Eagle3Config()
-    kw = dict(draft=draft_path, layer_ids=given.layer_ids, tree_sampler=given.tree_sampler)
+    kw = dict(draft=draft_path, layer_ids=given.layer_ids, tree_sampler=given.tree_sampler, budget=given.budget)
     if topk == 1:
         return Eagle3Config.chain(num_steps, **kw)
     return Eagle3Config(mode="tree", depth=num_steps, top_k=topk, total_tokens=num_draft_tokens, **kw)

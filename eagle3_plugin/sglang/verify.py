@@ -60,12 +60,10 @@ class TreeVerifyInput(EagleVerifyInput):
 
 
 def build_verify_input(trees: DraftTree, seq_lens: torch.Tensor, *, params: SamplingParams, random: RowRandom,
-                       method: str, vocab_size: int, num_steps: int, topk: int,
-                       num_draft_tokens: int) -> TreeVerifyInput:
-    """One tree per request (``trees [bs, num_draft_tokens]``); ``seq_lens``: committed length per request.
-    The mask is in SGLang's CPU layout (the worker refuses other devices at start-up)."""
-    if trees.size != num_draft_tokens:
-        raise RuntimeError(f"draft trees have {trees.size} nodes, SGLang verifies {num_draft_tokens}")
+                       method: str, vocab_size: int, topk: int) -> TreeVerifyInput:
+    """One tree per request (``trees [bs, N]``, any ``N`` up to SGLang's ``--speculative-num-draft-tokens``, for
+    which it allocated slots); ``seq_lens``: committed length per request. The mask is in SGLang's CPU layout (the
+    worker refuses other devices at start-up)."""
     bs, n = trees.tokens.shape
     device = seq_lens.device
     next_token, next_sibling = _links(trees)
@@ -77,7 +75,7 @@ def build_verify_input(trees: DraftTree, seq_lens: torch.Tensor, *, params: Samp
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
         retrieve_cum_len=None,
-        spec_steps=num_steps,
+        spec_steps=int(trees.depths.max()),  # the accepted path's longest: accept_index is spec_steps + 1 wide
         topk=topk,
         draft_token_num=n,
         capture_hidden_mode=None,

@@ -9,6 +9,14 @@ forward and SGLang's KV bookkeeping are untouched):
               over the trees, our sampler via eagle_sample, KV compaction of the accepted path) -> Speculator:
               catch-up on the accepted paths, next trees
 
+The tree shape of each step comes from the core's :class:`~eagle3_plugin.budget.TreeBudget` (``budget: "auto"``,
+the default: the configured tree, its chain or none, whichever the step's load pays for; ``"fixed"``: always the
+configured tree). SGLang allocates every request ``--speculative-num-draft-tokens`` slots per step and reads the
+verify width from the verify input, so a step verifies whatever shape was drafted: a chain, or the root alone
+(a plain decode step through the verify path). A step without a tree defers its draft entries (one catch-up
+forward for several steps, :meth:`~eagle3_plugin.speculator.Speculator.flush`); they are stored before any slot
+can change owner: whenever the batch's requests differ from the last step's.
+
 The draft's keys and values live in SGLang's own draft token pool (the one its EAGLE draft worker allocated,
 same slots as the target's, via ``req_to_token``), so SGLang budgets, frees and retracts them with the request.
 SGLang's draft worker is otherwise never run. Other algorithms (EAGLE, STANDALONE) get the stock worker unchanged.
@@ -24,19 +32,22 @@ import weakref
 import torch
 from torch import nn
 
+from ..budget import TreeBudget
 from ..checkpoint import validate_against_target
 from ..convert import load_source
 from ..rng import RowRandom
 from ..sampler import SamplingParams
-from ..speculator import DraftKV, DraftRows, ProposedTrees, Speculator
+from ..speculator import DraftKV, DraftRows, ProposedTrees, Speculator, TreeShape
 from ..timings import FILE_ENV, PluginTimings
+from ..tree import DraftTree
 from . import capture, settings
-from .verify import build_verify_input
+from .verify import TreeVerifyInput, build_verify_input
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import TreeMaskMode, _eagle_prefill_tail_tokens, default_tree_mask_mode
+from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 logger = logging.getLogger(__name__)
@@ -70,7 +81,11 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self.capture = capture.target_capture(model, layer_ids, hf_config.num_hidden_layers,
                                               hf_config.hidden_size).__enter__()
         self.speculator = Speculator(draft.to(self.device), self.eagle3)
+        self.budget = TreeBudget.for_speculator(self.speculator, dtype, self.device)
         self.proposed = ProposedTrees()
+        self._batch_rids: list = []  # the requests of the last step, in order
+        self._drafted: TreeShape | None = None  # the shape drafted by the last step, if it was a decode step
+        self._unrecorded: dict | None = None  # the last decode step's record for the budget, but for its length
         self.vocab_size = vocab
         self._generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed or 0)
         self._seeded: dict[str, torch.Generator] = {}
@@ -78,8 +93,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._draft_kv = None  # SGLang's draft pool, allocated after the workers are built
         self.timings = PluginTimings()
         self._timings_file = os.environ.get(FILE_ENV)
-        logger.info("eagle3-plugin worker: %s, capture ids %s (ours), tree sampler %s", self.eagle3.mode,
-                    list(layer_ids), self.eagle3.tree_sampler)
+        logger.info("eagle3-plugin worker: %s, capture ids %s (ours), tree sampler %s, %s budget", self.eagle3.mode,
+                    list(layer_ids), self.eagle3.tree_sampler, self.eagle3.budget)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if self.eagle3 is None:
@@ -99,6 +114,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         return result
 
     def _prefill(self, batch):
+        self._record_last_decode(None)
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.NULL)
         features = self.capture.features
         if features.shape[0] != len(batch.input_ids):
@@ -115,43 +131,81 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
         self._propose(batch, DraftRows(self._slots(batch, start + count), start, count, tokens, features[src]))
+        self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
     def _decode(self, batch, grammar_barrier):
+        began = time.perf_counter()
+        self._record_last_decode(began)
         rids = [req.rid for req in batch.reqs]
         trees, found = self.proposed.get(rids)
         if trees is None or not bool(found.all()):
             raise RuntimeError("eagle3-plugin: a request reached decode without a proposed tree")
-        began = time.perf_counter()
         params, random = self._sampling(batch)
-        verify_input = build_verify_input(
-            trees, batch.seq_lens, params=params, random=random, method=self.eagle3.tree_sampler,
-            vocab_size=self.vocab_size, num_steps=self.speculative_num_steps, topk=self.topk,
-            num_draft_tokens=self.speculative_num_draft_tokens)
+        verify_input = build_verify_input(trees, batch.seq_lens, params=params, random=random,
+                                          method=self.eagle3.tree_sampler, vocab_size=self.vocab_size, topk=self.topk)
         root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
         self.timings.prepare += time.perf_counter() - began
         result = self.verify(batch, grammar_barrier=grammar_barrier)
         self.timings.verify += verify_input.seconds
-        verdict, n = verify_input.verdict, self.speculative_num_draft_tokens
+        verdict, n = verify_input.verdict, trees.size
         rows = torch.arange(len(rids), device=self.device)
         count = verdict.num_accepted + 1
         nodes = rows[:, None] * n + verdict.accepted.clamp(min=0)
-        self._propose(batch, DraftRows(self._slots(batch, root_position + count), root_position, count,
-                                       verdict.emitted(trees).clamp(min=0), self.capture.features[nodes]))
+        verified = self._drafted
+        drafted, draft_seconds = self._propose(batch, DraftRows(self._slots(batch, root_position + count),
+                                                                root_position, count, verdict.emitted(trees).clamp(min=0),
+                                                                self.capture.features[nodes]))
+        self._drafted = drafted
+        if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
+            tree_verified = verified.total_tokens > 1
+            self._unrecorded = dict(verified=verified, drafted=drafted, trees=trees if tree_verified else None,
+                                    verdict=verdict if tree_verified else None, draft_seconds=draft_seconds,
+                                    batch=len(rids), began=began)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
 
-    def _propose(self, batch, rows: DraftRows) -> None:
-        """Catch every request up on ``rows`` (the draft's KV into SGLang's draft pool) and keep its next tree."""
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        """SGLang's verify step at this step's tree width (the stock one verifies --speculative-num-draft-tokens)."""
+        if not isinstance(batch.spec_info, TreeVerifyInput):
+            return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        return run_eagle_verify(
+            batch, pp_proxy_tensors=pp_proxy_tensors, target_worker=self.target_worker,
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+            plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx, topk=self.topk,
+            num_draft_tokens=batch.spec_info.draft_token_num, device=self.device, metadata_ready_pre_pad=False,
+            finalize_tree_path=True, grammar_barrier=grammar_barrier)
+
+    def _propose(self, batch, rows: DraftRows) -> tuple[TreeShape, float]:
+        """Catch every request up on ``rows`` (the draft's KV into SGLang's draft pool) and keep its next tree, of
+        the shape the budget picks (the root alone for none); returns that shape and the seconds it took."""
         began = time.perf_counter()
         params, random = self._sampling(batch)
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
-        self.proposed.set(self.speculator.step(self._draft_kv, rows, params, random), [req.rid for req in batch.reqs])
-        self.timings.draft += time.perf_counter() - began
+        rids = [req.rid for req in batch.reqs]
+        if rids != self._batch_rids:  # requests came or went: their slots may change owner, deferred entries land
+            self.speculator.flush()
+            self._batch_rids = rids
+        shape = self.budget.shape(len(rids), seeded=bool(random.rows))
+        self.timings.drafted(shape, self.budget.shapes)
+        trees = self.speculator.step(self._draft_kv, rows, params, random, shape)
+        self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
+        seconds = time.perf_counter() - began
+        self.timings.draft += seconds
+        return shape, seconds
+
+    def _record_last_decode(self, now: float | None) -> None:
+        """Tell the budget about the last decode step, once this call shows its length (from its start to this
+        decode step's: the scheduler's own work included; ``now`` None: a prefill came between, length unknown)."""
+        if self._unrecorded is None:
+            return
+        entry, self._unrecorded = self._unrecorded, None
+        began = entry.pop("began")
+        self.budget.record(**entry, decode_only=now is not None, step_seconds=0.0 if now is None else now - began)
 
     def _slots(self, batch, length: torch.Tensor) -> torch.Tensor:
         """``[B, L]``: the KV slot of each request's positions ``0 .. L - 1`` (SGLang's ``req_to_token``)."""

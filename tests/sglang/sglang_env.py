@@ -9,7 +9,7 @@ SGLANG_PYTHON = os.path.join(ROOT, ".venv-sglang", "bin", "python")
 SUPPORT = os.path.join(ROOT, "tests", "sglang_support")
 COMPARE = os.path.join(SUPPORT, "compare_greedy.py")
 sys.path.insert(0, SUPPORT)
-from launch import STOCK_PLUGINS, SGLangServer, server_env  # noqa: E402
+from launch import STOCK_PLUGINS, SGLangServer, fixed_budget_config, server_env  # noqa: E402
 
 assert os.path.exists(SGLANG_PYTHON), "no .venv-sglang: run bash ci/setup.sh"
 
@@ -19,4 +19,4 @@ def server(model: str, extra_args, log_path: str, plugins=None) -> SGLangServer:
     return SGLangServer(model, extra_args, log_path=log_path, python=SGLANG_PYTHON, plugins=plugins)
 
 
-__all__ = ["COMPARE", "SGLANG_PYTHON", "STOCK_PLUGINS", "server", "server_env"]
+__all__ = ["COMPARE", "SGLANG_PYTHON", "STOCK_PLUGINS", "fixed_budget_config", "server", "server_env"]

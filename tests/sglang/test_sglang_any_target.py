@@ -11,7 +11,7 @@ from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
 from eagle3_plugin.sampler import SamplingParams
-from sglang_env import SGLANG_PYTHON, server, server_env
+from sglang_env import SGLANG_PYTHON, fixed_budget_config, server, server_env
 
 MAX_TOKENS = 32
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "12"]
@@ -31,7 +31,8 @@ def test_glm4_target_through_our_capture_matches_the_reference(glm4, tmp_path):
     params = {"max_new_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     with server(target, [], str(tmp_path / "plain.log")) as plain:
         expected = [plain.generate(p, params)["output_ids"] for p in prompts]
-    args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft, *TREE]
+    fixed = fixed_budget_config(draft, str(tmp_path / "eagle3.json"))  # acceptance compares round for round
+    args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", fixed, *TREE]
     with server(target, args, str(tmp_path / "ours.log")) as ours:
         outs = [ours.generate(p, params) for p in prompts]
     assert [o["output_ids"] for o in outs] == expected

@@ -1,10 +1,11 @@
 """SGLang's radix cache and retraction with our worker (the draft's KV lives in SGLang's draft pool).
 
 - Radix cache on (SGLang's default): requests sharing a 200-token prefix reuse it (SGLang's ``cached_tokens``
-  rise), their greedy outputs equal transformers' greedy decoding, and our tree accepts exactly what it accepts
-  with the radix cache off.
+  rise), their greedy outputs equal transformers' greedy decoding, and our tree (fixed budget) accepts exactly
+  what it accepts with the radix cache off.
 - Retraction: a token pool too small for every request at once makes SGLang retract requests and run them
-  again later; greedy outputs stay identical.
+  again later; greedy outputs stay identical, with the auto budget (steps that draft nothing defer their draft
+  entries, which must land before a retracted request's slots change owner).
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -15,11 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bundled import DRAFT, HELDOUT, TARGET
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
-from sglang_env import server
+from sglang_env import fixed_budget_config, server
 
 MAX_TOKENS = 48
-TREE = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT, "--speculative-num-steps", "5",
-        "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"]
+SHAPE = ["--speculative-num-steps", "5", "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"]
 GREEDY = {"max_new_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
 
 
@@ -43,8 +43,10 @@ def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
             break
     prompts = [prefix[:200] + encode_prompt(tokenizer, r.prompt)[1:] for r in records[:6]]
     runs = {}
+    fixed = fixed_budget_config(DRAFT, str(tmp_path / "eagle3.json"))
     for cached in (True, False):
-        args = TREE + ([] if cached else ["--disable-radix-cache"])
+        args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", fixed, *SHAPE]
+        args += [] if cached else ["--disable-radix-cache"]
         with server(TARGET, args, str(tmp_path / f"radix-{cached}.log")) as s:
             first = s.generate(prompts[0], GREEDY)  # fills the cache
             runs[cached] = [first] + s.generate(prompts[1:], GREEDY)
@@ -59,7 +61,8 @@ def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
 def test_retraction_keeps_outputs(tokenizer, tmp_path):
     prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
     log = tmp_path / "retract.log"
-    with server(TARGET, TREE + ["--max-total-tokens", "700"], str(log)) as s:
+    args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT, *SHAPE]
+    with server(TARGET, args + ["--max-total-tokens", "700"], str(log)) as s:
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             out = list(pool.map(lambda p: s.generate(p, GREEDY), prompts))
     assert "KV cache pool is full. Retract requests" in log.read_text()  # SGLang logs each retraction

@@ -1,11 +1,13 @@
 """The real SGLang 0.5.23 server on this CPU (``.venv-sglang`` + tests/sglang_support), greedy, 8 prompts x 48
 tokens, one ``compare_greedy.py`` run: no speculation, stock EAGLE-3 (eagle3-plugin left out) and EAGLE-3 with
-eagle3-plugin, chain 5 and tree 5/8/32.
+eagle3-plugin, chain 5 and tree 5/8/32 (fixed budget), and the bundled ``eagle3.json`` alone (auto budget).
 
 - Every setting's outputs equal SGLang without speculation, which equal the core's reference generator.
-- With eagle3-plugin, chain and tree accept exactly what the reference generator accepts (same verify rounds,
-  same accepted drafts). Our tree is started from the bundled ``eagle3.json`` alone (our layout, its tree
-  shape), our chain from the draft converted to SGLang's layout.
+- With eagle3-plugin and the fixed budget, chain and tree accept exactly what the reference generator accepts
+  (same verify rounds, same accepted drafts). Our tree reads our layout and the bundled ``eagle3.json``'s tree
+  shape, our chain the draft converted to SGLang's layout.
+- The auto budget (the default) drafts the tree, its chain and nothing in turn as it measures them (steps
+  verifying 32, 6 and 1 tokens), and its outputs stay identical.
 - Stock SGLang's chain matches the reference too; its tree drafts attend to slot positions rather than true
   ancestors for top_k > 1, so its acceptance may differ slightly: reported, required to beat the chain.
 """
@@ -66,8 +68,14 @@ def tree_reference(prompts):
 
 def test_every_setting_is_identical_to_sglang_without_speculation_and_to_the_reference(report, chain_reference):
     assert report["none"]["outputs"] == chain_reference[1]
-    for name in ("stock-chain", "stock-tree", "chain", "tree"):
+    for name in ("stock-chain", "stock-tree", "chain", "tree", "auto"):
         assert report[name]["identical_to_reference"], name
+
+
+def test_the_auto_budget_switches_shapes_and_the_fixed_one_does_not(report):
+    auto, tree = report["auto"]["worker_timings"], report["tree"]["worker_timings"]
+    assert auto["chain_steps"] > 0 and auto["none_steps"] > 0 and auto["chain_steps"] + auto["none_steps"] < auto["steps"]
+    assert tree["chain_steps"] == tree["none_steps"] == 0 and tree["steps"] > 0
 
 
 @pytest.mark.parametrize("name", ["chain", "tree"])

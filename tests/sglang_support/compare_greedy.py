@@ -3,11 +3,13 @@
     .venv-sglang/bin/python tests/sglang_support/compare_greedy.py --out /tmp/sgl_compare.json
 
 Settings: ``none``; ``stock-chain`` / ``stock-tree`` (stock SGLang: eagle3-plugin left out through
-SGLANG_PLUGINS); ``chain`` / ``tree`` (eagle3-plugin). Stock settings and our chain load the draft converted to
-SGLang's layout by our converter (capture ids = ours - 1 under eagle_config); our tree is started from the
-bundled ``eagle3.json`` alone (its tree shape, our draft layout). Servers run one at a time, requests one at
-a time (batch size 1). Prints one JSON summary: per-setting outputs, whether they equal the first setting's,
-and the mean acceptance length 1 + accepted drafts / verify rounds (plus SGLang's completion_tokens / rounds).
+SGLANG_PLUGINS); ``chain`` / ``tree`` (eagle3-plugin, fixed budget: every step drafts the configured shape);
+``auto`` (eagle3-plugin started from the bundled ``eagle3.json`` alone: its tree, the auto budget). Stock
+settings and our chain load the draft converted to SGLang's layout by our converter (capture ids = ours - 1 under
+eagle_config); our tree and auto read our layout, their shape from the bundled ``eagle3.json``. Servers run one at
+a time, requests one at a time (batch size 1). Prints one JSON summary: per-setting outputs, whether they equal the first setting's,
+the mean acceptance length 1 + accepted drafts / verify rounds (plus SGLang's completion_tokens / rounds), and our
+worker's timings (steps by phase and by drafted shape).
 """
 
 import argparse
@@ -17,17 +19,20 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from launch import STOCK_PLUGINS, SGLangServer  # noqa: E402
+from launch import STOCK_PLUGINS, SGLangServer, fixed_budget_config  # noqa: E402
+
+from eagle3_plugin.timings import FILE_ENV  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHAIN = ["--speculative-num-steps", "5", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"]
 TREE = ["--speculative-num-steps", "5", "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"]
-SETTINGS = {  # name: (converted draft?, flags, SGLANG_PLUGINS)
-    "none": (False, [], None),
-    "stock-chain": (True, CHAIN, STOCK_PLUGINS),
-    "stock-tree": (True, TREE, STOCK_PLUGINS),
-    "chain": (True, CHAIN, None),
-    "tree": (False, [], None),
+SETTINGS = {  # name: (draft: converted, ours or none; fixed budget?, flags, SGLANG_PLUGINS)
+    "none": (None, False, [], None),
+    "stock-chain": ("converted", False, CHAIN, STOCK_PLUGINS),
+    "stock-tree": ("converted", False, TREE, STOCK_PLUGINS),
+    "chain": ("converted", True, CHAIN, None),
+    "tree": ("ours", True, [], None),
+    "auto": ("ours", False, [], None),
 }
 
 
@@ -40,18 +45,26 @@ def prompt_ids(target: str, prompts: str, count: int) -> list:
 
 
 def run_setting(name, target, draft, converted, prompts, max_new_tokens, log_dir):
-    use_converted, flags, plugins = SETTINGS[name]
-    path = converted if use_converted else os.path.join(draft, "eagle3.json")
-    extra = [] if name == "none" else ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", path,
+    source, fixed, flags, plugins = SETTINGS[name]
+    draft = converted if source == "converted" else draft
+    path = fixed_budget_config(draft, os.path.join(log_dir, f"{name}-fixed.json")) if fixed else (
+        draft if source == "converted" else os.path.join(draft, "eagle3.json"))
+    extra = [] if source is None else ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", path,
                                        *flags]
     params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
+    timings = os.path.join(log_dir, f"timings-{name}.json")
+    os.environ[FILE_ENV] = timings  # our worker's steps by phase and shape, rewritten after every step
     with SGLangServer(target, extra, log_path=os.path.join(log_dir, f"server-{name}.log"), plugins=plugins) as server:
-        return [server.generate(ids, params) for ids in prompts]
+        results = [server.generate(ids, params) for ids in prompts]
+    if not os.path.exists(timings):
+        return results, None
+    with open(timings) as f:
+        return results, json.load(f)
 
 
-def summarize(results, reference):
+def summarize(results, timings, reference):
     outputs = [r["output_ids"] for r in results]
-    summary = {"outputs": outputs, "identical_to_reference": outputs == reference}
+    summary = {"outputs": outputs, "identical_to_reference": outputs == reference, "worker_timings": timings}
     metas = [r["meta_info"] for r in results]
     if all("spec_verify_ct" in m for m in metas):
         rounds = sum(m["spec_verify_ct"] for m in metas)
@@ -71,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--prompt-ids", help="JSON file with a list of token-id lists (instead of --prompts)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--settings", default="none,stock-chain,stock-tree,chain,tree")
+    p.add_argument("--settings", default="none,stock-chain,stock-tree,chain,tree,auto")
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--out")
     a = p.parse_args(argv)
@@ -90,9 +103,10 @@ def main(argv=None) -> int:
         convert(a.draft, "sglang", converted, target=a.target)
         reference = None
         for name in names:
-            results = run_setting(name, a.target, a.draft, converted, prompts, a.max_new_tokens, a.log_dir)
+            results, timings = run_setting(name, a.target, a.draft, converted, prompts, a.max_new_tokens,
+                                           a.log_dir)
             reference = reference or [r["output_ids"] for r in results]
-            report[name] = summarize(results, reference)
+            report[name] = summarize(results, timings, reference)
     text = json.dumps(report, indent=1)
     if a.out:
         with open(a.out, "w") as f:

@@ -10,6 +10,7 @@ Runs from any interpreter that can import ``eagle3_plugin``; the server itself r
 
 import os
 
+from eagle3_plugin.config import CONFIG_FILENAME, Eagle3Config
 from eagle3_plugin.sglang import server as _server
 
 SUPPORT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -32,3 +33,13 @@ def SGLangServer(model: str, extra_args=(), plugins=None, **kwargs) -> _server.S
     """On the CPU, float32, small memory share (SGLang sizes pools from free RAM); extra_args appended.
     ``plugins=STOCK_PLUGINS`` runs stock SGLang even where eagle3-plugin is installed."""
     return _server.SGLangServer(model, (*CPU_ARGS, *extra_args), env=server_env(plugins=plugins), **kwargs)
+
+
+def fixed_budget_config(draft: str, path: str) -> str:
+    """Write at ``path`` an ``eagle3.json`` for ``draft`` (its own settings, if it has them) with ``budget:
+    "fixed"``: every step drafts the configured tree, so acceptance compares round for round (the default, auto,
+    picks shapes by measured step times). Returns ``path``, for ``--speculative-draft-model-path``."""
+    own = os.path.join(draft, CONFIG_FILENAME)
+    config = Eagle3Config.load(own) if os.path.isfile(own) else Eagle3Config()
+    Eagle3Config.from_dict({**config.to_dict(), "draft": os.path.abspath(draft), "budget": "fixed"}).save(path)
+    return path
