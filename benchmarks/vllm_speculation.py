@@ -5,15 +5,18 @@ bound: what the tree could reach if our worker cost nothing.
 
     .venv/bin/python benchmarks/vllm_speculation.py [--batches 1,4,16,32] [--max-prompts 32] [--max-new-tokens 96]
 
-Each engine starts once and runs every batch size: the prompts go in groups of ``batch`` requests (one ``generate``
-call each, so up to ``batch`` requests are in flight). Every cell is measured ``--repeats`` times and the fastest
-kept, for every engine alike (this machine's speed wanders between runs). Greedy; outputs are checked identical.
+Each engine starts once and runs every batch size: ``batch`` requests are kept in flight, a finished request's place
+taken by the next prompt at once, as a server under load refills its batch (speculative requests finish at
+different steps, so waves that start and end together would leave a speculative batch half empty at its tail).
+Every cell is measured ``--repeats`` times and the fastest kept, for every engine alike (this machine's speed
+wanders between runs). Greedy; outputs are checked identical.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import sys
 import time
@@ -24,7 +27,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
 
 PHASES = ("prepare", "tree_attention", "verify", "draft")
-SHAPE_COUNTS = ("chain_steps", "none_steps")  # the auto budget's steps that drafted the chain, nothing
+SHAPE_COUNTS = ("chain_steps", "none_steps")
+_REQUEST_IDS = itertools.count()  # the auto budget's steps that drafted the chain, nothing
 
 
 def main(argv=None) -> int:
@@ -111,14 +115,23 @@ def main(argv=None) -> int:
 
 
 def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
-    """One pass over ``prompts`` in groups of ``batch``: tokens/s, mean acceptance length, ms per engine step (all,
-    and our worker's by phase)."""
+    """One pass over ``prompts`` with ``batch`` requests in flight: tokens/s, mean acceptance length, ms per engine
+    step (all, and our worker's by phase)."""
     before = _counters(llm)
     timings_before = llm.collective_rpc(read_timings)[0] if read_timings else None
-    start, tokens = time.perf_counter(), []
-    for i in range(0, len(prompts), batch):
-        out = llm.generate([tokens_prompt(prompt_token_ids=q) for q in prompts[i:i + batch]], params, use_tqdm=False)
-        tokens += [list(o.outputs[0].token_ids) for o in out]
+    engine, waiting, tokens = llm.llm_engine, list(range(len(prompts))), [None] * len(prompts)
+    ids, in_flight = {}, 0
+    start = time.perf_counter()
+    while waiting or in_flight:
+        while waiting and in_flight < batch:
+            i = waiting.pop(0)
+            ids[f"bench-{next(_REQUEST_IDS)}"] = i
+            engine.add_request(next(reversed(ids)), tokens_prompt(prompt_token_ids=prompts[i]), params)
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                tokens[ids[out.request_id]] = list(out.outputs[0].token_ids)
+                in_flight -= 1
     seconds = time.perf_counter() - start
     after = _counters(llm)
     drafts, accepted = (after[k] - before[k] for k in ("drafts", "accepted"))
@@ -129,8 +142,8 @@ def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
         steps = t["steps"] - timings_before["steps"]
         ms = {k: 1e3 * (t[k] - timings_before[k]) / max(steps, 1) for k in PHASES}
         shares = {k: (t[k] - timings_before[k]) / max(steps, 1) for k in SHAPE_COUNTS}
-    if steps is None:  # without our worker's count: one step per generated token of each group (exact without
-        steps = -(-len(prompts) // batch) * params.max_tokens  # speculation, the case the bound reads)
+    if steps is None:  # without our worker's count: without speculation a batch's requests start and end together,
+        steps = -(-len(prompts) // batch) * params.max_tokens  # one step per token (the case the bound reads)
     return {"tps": generated / seconds, "mal": 1 + accepted / drafts if drafts else None, "ms": ms, "shares": shares,
             "step_ms": 1e3 * seconds / steps, "tokens": tokens}
 
