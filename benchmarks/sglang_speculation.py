@@ -62,9 +62,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         converted = os.path.join(tmp, "draft-sglang")
         convert(a.draft, "sglang", converted, target=a.target)
-        one_hot = os.path.join(tmp, "one_hot.json")
-        with open(one_hot, "w") as f:
-            json.dump(ours.to_dict() | {"draft": ours.draft, "tree_sampler": "one_hot", "budget": "fixed"}, f)
+        one_hot = fixed_budget_config(a.draft, os.path.join(tmp, "one_hot.json"), tree_sampler="one_hot")
         tree = ["--speculative-num-steps", str(ours.depth), "--speculative-eagle-topk", str(ours.top_k),
                 "--speculative-num-draft-tokens", str(ours.total_tokens)]
         spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path"]

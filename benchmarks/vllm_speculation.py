@@ -27,8 +27,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
 
 PHASES = ("prepare", "tree_attention", "verify", "draft")
-SHAPE_COUNTS = ("chain_steps", "none_steps")
-_REQUEST_IDS = itertools.count()  # the auto budget's steps that drafted the chain, nothing
+SHAPE_COUNTS = ("chain_steps", "none_steps")  # the auto budget's steps that drafted the chain, nothing
+_REQUEST_IDS = itertools.count()  # engine request ids, unique across passes
 
 
 def main(argv=None) -> int:
@@ -124,9 +124,9 @@ def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
     start = time.perf_counter()
     while waiting or in_flight:
         while waiting and in_flight < batch:
-            i = waiting.pop(0)
-            ids[f"bench-{next(_REQUEST_IDS)}"] = i
-            engine.add_request(next(reversed(ids)), tokens_prompt(prompt_token_ids=prompts[i]), params)
+            i, request_id = waiting.pop(0), f"bench-{next(_REQUEST_IDS)}"
+            ids[request_id] = i
+            engine.add_request(request_id, tokens_prompt(prompt_token_ids=prompts[i]), params)
             in_flight += 1
         for out in engine.step():
             if out.finished:

@@ -130,7 +130,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         following = batch.input_ids[(src + 1).clamp(max=features.shape[0] - 1)].long()
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
-        self._propose(batch, DraftRows(self._slots(batch, start + count), start, count, tokens, features[src]))
+        rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features[src])
+        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch))
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
@@ -156,9 +157,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         count = verdict.num_accepted + 1
         nodes = rows[:, None] * n + verdict.accepted.clamp(min=0)
         verified = self._drafted
-        drafted, draft_seconds = self._propose(batch, DraftRows(self._slots(batch, root_position + count),
-                                                                root_position, count, verdict.emitted(trees).clamp(min=0),
-                                                                self.capture.features[nodes]))
+        drafted, draft_seconds = self._propose(rids, DraftRows(self._slots(batch, root_position + count), root_position,
+                                                               count, verdict.emitted(trees).clamp(min=0),
+                                                               self.capture.features[nodes]), params, random)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             tree_verified = verified.total_tokens > 1
@@ -179,14 +180,14 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             num_draft_tokens=batch.spec_info.draft_token_num, device=self.device, metadata_ready_pre_pad=False,
             finalize_tree_path=True, grammar_barrier=grammar_barrier)
 
-    def _propose(self, batch, rows: DraftRows) -> tuple[TreeShape, float]:
-        """Catch every request up on ``rows`` (the draft's KV into SGLang's draft pool) and keep its next tree, of
-        the shape the budget picks (the root alone for none); returns that shape and the seconds it took."""
+    def _propose(self, rids: list, rows: DraftRows, params: SamplingParams,
+                 random: RowRandom) -> tuple[TreeShape, float]:
+        """Catch every request (``rids``, the batch's order) up on ``rows`` (the draft's KV into SGLang's draft pool)
+        and keep its next tree, of the shape the budget picks (the root alone for none); returns that shape and the
+        seconds it took."""
         began = time.perf_counter()
-        params, random = self._sampling(batch)
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
-        rids = [req.rid for req in batch.reqs]
         if rids != self._batch_rids:  # requests came or went: their slots may change owner, deferred entries land
             self.speculator.flush()
             self._batch_rids = rids

@@ -35,11 +35,12 @@ def SGLangServer(model: str, extra_args=(), plugins=None, **kwargs) -> _server.S
     return _server.SGLangServer(model, (*CPU_ARGS, *extra_args), env=server_env(plugins=plugins), **kwargs)
 
 
-def fixed_budget_config(draft: str, path: str) -> str:
-    """Write at ``path`` an ``eagle3.json`` for ``draft`` (its own settings, if it has them) with ``budget:
-    "fixed"``: every step drafts the configured tree, so acceptance compares round for round (the default, auto,
-    picks shapes by measured step times). Returns ``path``, for ``--speculative-draft-model-path``."""
+def fixed_budget_config(draft: str, path: str, **changes) -> str:
+    """Write at ``path`` an ``eagle3.json`` for ``draft`` (its own settings, if it has them, then ``changes``) with
+    ``budget: "fixed"``: every step drafts the configured tree, so acceptance compares round for round (the default,
+    auto, picks shapes by measured step times). Returns ``path``, for ``--speculative-draft-model-path``."""
     own = os.path.join(draft, CONFIG_FILENAME)
     config = Eagle3Config.load(own) if os.path.isfile(own) else Eagle3Config()
-    Eagle3Config.from_dict({**config.to_dict(), "draft": os.path.abspath(draft), "budget": "fixed"}).save(path)
+    settings = {**config.to_dict(), **changes, "draft": os.path.abspath(draft), "budget": "fixed"}
+    Eagle3Config.from_dict(settings).save(path)
     return path
