@@ -186,6 +186,28 @@ class TreeBudget:
             self.accepted[chain].observe(_chain_accepted(trees, verdict.accepted))
 
 
+class PendingRecord:
+    """A step's :meth:`TreeBudget.record`, held until the next step starts: a step's length is measured from its start
+    to the next one's, so the engine's own work between model runs (scheduling, output processing) counts."""
+
+    def __init__(self, budget: TreeBudget):
+        self.budget, self._entry = budget, None
+
+    def hold(self, began: float, **entry) -> None:
+        """The step that began at ``began`` (perf_counter): :meth:`TreeBudget.record`'s arguments but its length."""
+        self._entry = dict(entry, began=began)
+
+    def release(self, now: Optional[float]) -> None:
+        """Record the held step, if any, at a new step's start ``now``; None: the length is unknown (a prompt came
+        between, or the engine may have idled), only acceptance and draft time are recorded."""
+        if self._entry is None:
+            return
+        entry, self._entry = self._entry, None
+        began = entry.pop("began")
+        decode_only = entry.pop("decode_only", True) and now is not None
+        self.budget.record(**entry, decode_only=decode_only, step_seconds=0.0 if now is None else now - began)
+
+
 def _chain_accepted(trees: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
     """``[B]``: how many accepted nodes (``accepted [B, depth + 1]``, root first), from the root down, are each
     their parent's first child: what the chain the tree contains (the draft's argmax at each level, for greedy

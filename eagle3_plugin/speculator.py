@@ -161,10 +161,11 @@ class Speculator:
         self._deferred: list[DraftRows] = []  # steps without a tree whose entries are not stored yet
         self._deferred_to: Optional[DraftKV] = None  # the store they go to
 
-    def step(self, kv: DraftKV, rows: DraftRows, params: SamplingParams, random: Optional[RowRandom] = None,
+    def step(self, kv: DraftKV, rows: DraftRows, params: Optional[SamplingParams], random: Optional[RowRandom] = None,
              shape: Optional[TreeShape] = None) -> Optional[DraftTree]:
         """Catch every row up on its new entries, then grow each row's tree of ``shape`` (default: the config's;
-        ``total_tokens == 1``: catch up only, returns None). ``params`` and ``random`` are per row."""
+        ``total_tokens == 1``: catch up only, returns None, and ``params`` may be None). ``params`` and ``random``
+        are per row."""
         shape = shape or TreeShape.of(self.config)
         self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
         if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`flush`)

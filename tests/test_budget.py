@@ -5,7 +5,8 @@ costs (the tree at batch 1, no speculation under a load where verification is de
 import pytest
 import torch
 
-from eagle3_plugin.budget import MIN_OBSERVATIONS, MIN_ROUNDS, NONE, ROUND_MEMORY, Line, RoundMean, TreeBudget
+from eagle3_plugin.budget import (MIN_OBSERVATIONS, MIN_ROUNDS, NONE, ROUND_MEMORY, Line, PendingRecord, RoundMean,
+                                 TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
@@ -65,3 +66,22 @@ def test_the_choice_follows_the_measured_costs():
     assert budget.shape(32) == NONE  # the tree's verification grows 20x faster with the batch than no speculation
     assert budget.shape(4) == chain
     assert budget.tokens_per_second(NONE, 32) == pytest.approx(32 / (0.010 + 0.0002 * 32 + 0.001 + 0.0001 * 32))
+
+
+def test_a_held_step_is_recorded_from_its_start_to_the_next_one():
+    budget = TreeBudget(CONFIG)
+    pending = PendingRecord(budget)
+    tree = budget.shapes[0]
+    trees, verdict = rounds(2, [1, 3])
+    pending.hold(10.0, verified=tree, drafted=tree, trees=trees, verdict=verdict, decode_only=True,
+                 draft_seconds=0.002, batch=2)
+    assert budget.verify_cost[tree].observations == 0  # its length is not known yet
+    pending.release(10.05)
+    assert budget.verify_cost[tree](2) == pytest.approx(0.048)  # next start - start - drafting
+    assert budget.accepted[tree].rounds == 2
+    pending.hold(11.0, verified=tree, drafted=tree, trees=trees, verdict=verdict, decode_only=True,
+                 draft_seconds=0.002, batch=2)
+    pending.release(None)  # a prompt came between: its length says nothing of a decode step's cost
+    assert budget.verify_cost[tree].observations == 1 and budget.accepted[tree].rounds == 4
+    pending.release(12.0)  # nothing held: nothing recorded twice
+    assert budget.verify_cost[tree].observations == 1

@@ -32,7 +32,7 @@ import weakref
 import torch
 from torch import nn
 
-from ..budget import TreeBudget
+from ..budget import PendingRecord, TreeBudget
 from ..checkpoint import validate_against_target
 from ..convert import load_source
 from ..rng import RowRandom
@@ -82,10 +82,10 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
                                               hf_config.hidden_size).__enter__()
         self.speculator = Speculator(draft.to(self.device), self.eagle3)
         self.budget = TreeBudget.for_speculator(self.speculator, dtype, self.device)
+        self._pending_record = PendingRecord(self.budget)  # the last decode step's record, until its length shows
         self.proposed = ProposedTrees()
         self._batch_rids: list = []  # the requests of the last step, in order
         self._drafted: TreeShape | None = None  # the shape drafted by the last step, if it was a decode step
-        self._unrecorded: dict | None = None  # the last decode step's record for the budget, but for its length
         self.vocab_size = vocab
         self._generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed or 0)
         self._seeded: dict[str, torch.Generator] = {}
@@ -114,7 +114,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         return result
 
     def _prefill(self, batch):
-        self._record_last_decode(None)
+        self._pending_record.release(None)
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.NULL)
         features = self.capture.features
         if features.shape[0] != len(batch.input_ids):
@@ -139,7 +139,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
 
     def _decode(self, batch, grammar_barrier):
         began = time.perf_counter()
-        self._record_last_decode(began)
+        self._pending_record.release(began)
         rids = [req.rid for req in batch.reqs]
         trees, found = self.proposed.get(rids)
         if trees is None or not bool(found.all()):
@@ -163,9 +163,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             tree_verified = verified.total_tokens > 1
-            self._unrecorded = dict(verified=verified, drafted=drafted, trees=trees if tree_verified else None,
-                                    verdict=verdict if tree_verified else None, draft_seconds=draft_seconds,
-                                    batch=len(rids), began=began)
+            self._pending_record.hold(began, verified=verified, drafted=drafted,
+                                      trees=trees if tree_verified else None, verdict=verdict if tree_verified else None,
+                                      draft_seconds=draft_seconds, batch=len(rids))
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
 
@@ -198,15 +198,6 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         seconds = time.perf_counter() - began
         self.timings.draft += seconds
         return shape, seconds
-
-    def _record_last_decode(self, now: float | None) -> None:
-        """Tell the budget about the last decode step, once this call shows its length (from its start to this
-        decode step's: the scheduler's own work included; ``now`` None: a prefill came between, length unknown)."""
-        if self._unrecorded is None:
-            return
-        entry, self._unrecorded = self._unrecorded, None
-        began = entry.pop("began")
-        self.budget.record(**entry, decode_only=now is not None, step_seconds=0.0 if now is None else now - began)
 
     def _slots(self, batch, length: torch.Tensor) -> torch.Tensor:
         """``[B, L]``: the KV slot of each request's positions ``0 .. L - 1`` (SGLang's ``req_to_token``)."""

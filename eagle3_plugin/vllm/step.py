@@ -38,6 +38,16 @@ class Step:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
+    @property
+    def decode_only(self) -> bool:
+        """Whether every row is a decode (its query tokens are its tree's nodes: no prompt chunk)."""
+        return bool((self.count == self.node_count).all())
+
+    @property
+    def has_trees(self) -> bool:
+        """Whether any row verifies draft tokens (else every row is a plain decode or prompt chunk)."""
+        return self.tree.size > 1 and bool((self.node_count > 1).any())
+
     @classmethod
     def build(cls, runner, scheduler_output, num_scheduled_tokens, pending: ProposedTrees) -> "Step":
         """The step vLLM scheduled; sets tree rows' positions to root + depth. ``pending``: our last trees."""
@@ -50,6 +60,9 @@ class Step:
         spec = scheduler_output.scheduled_spec_decode_tokens
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
+        if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
+            return cls(req_ids, base, flat_start, count, node_count, prefilling,
+                       DraftTree.root_only(torch.zeros(b, dtype=torch.long)), None)
         tree = _trees(pending, req_ids, node_count)
         step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None)
         has_tree = node_count > 1
@@ -121,6 +134,10 @@ def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Te
     it emitted; any other row's query tokens paired with the next token (the one it emitted, or the next prompt
     token for a prompt chunk that is not the last)."""
     verdict, b = step.verdict, step.num_reqs
+    if not step.has_trees and int(step.count.max()) == 1:  # one token per row (a decode step): one entry each
+        slots = block_slots(block_table, int(step.base.max()) + 1, block_size)
+        return DraftRows(slots, step.base, step.count, _last_tokens(step, runner)[:, None],
+                         features[step.flat_start][:, None])
     has_tree = step.node_count > 1
     entries = torch.where(has_tree, verdict.num_accepted + 1, step.count)
     width = int(entries.max())
@@ -132,16 +149,25 @@ def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Te
     src = (step.flat_start[:, None] + node).clamp(max=features.shape[0] - 1)
     input_ids = runner.input_ids.cpu
     following = input_ids[(src + 1).clamp(max=input_ids.shape[0] - 1)].long()
-    token_ids = torch.from_numpy(runner.input_batch.token_ids_cpu)
-    next_prompt = token_ids[torch.arange(b), (step.base + step.count).clamp(max=token_ids.shape[1] - 1)].long()
-    last = torch.where(step.prefilling, next_prompt, step.emitted[:, 0].long())
-    plain = torch.where(j[None] == (step.count - 1)[:, None], last[:, None], following)
+    plain = torch.where(j[None] == (step.count - 1)[:, None], _last_tokens(step, runner)[:, None], following)
     emitted = step.emitted.long()
     if emitted.shape[1] < width:
         emitted = torch.cat([emitted, emitted.new_zeros(b, width - emitted.shape[1])], dim=1)
     tokens = torch.where(has_tree[:, None], emitted[:, :width], plain).clamp(min=0)  # padding: any valid id
     slots = block_slots(block_table, int((step.base + entries).max()), block_size)
     return DraftRows(slots, step.base, entries, tokens, features[src])
+
+
+def _last_tokens(step: Step, runner) -> torch.Tensor:
+    """``[B]``: the token after each row's last query token: the one it emitted, or for a prompt chunk that is not
+    the last, the next prompt token."""
+    emitted = step.emitted[:, 0].long()
+    if not bool(step.prefilling.any()):
+        return emitted
+    token_ids = torch.from_numpy(runner.input_batch.token_ids_cpu)
+    rows = torch.arange(step.num_reqs)
+    next_prompt = token_ids[rows, (step.base + step.count).clamp(max=token_ids.shape[1] - 1)].long()
+    return torch.where(step.prefilling, next_prompt, emitted)
 
 
 def sampling_params(metadata, num_reqs: int, vocab_size: int) -> SamplingParams:

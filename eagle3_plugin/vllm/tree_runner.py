@@ -26,7 +26,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..budget import NONE, TreeBudget
+from ..budget import NONE, PendingRecord, TreeBudget
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
 from ..rng import RowRandom
@@ -80,6 +80,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         draft.attach_embedding(nn.Embedding.from_pretrained(table.detach().clone(), freeze=True))
         self.speculator = Speculator(draft, self.eagle3)
         self.budget = TreeBudget.for_speculator(self.speculator, self.model_config.dtype, self.device)
+        self._pending_record = PendingRecord(self.budget)  # the last step's record, until the next step starts
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
         self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
         from vllm.model_executor.layers.attention import Attention
@@ -120,6 +121,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             raise RuntimeError("structured output reached the tree worker (admission should have refused it)")
         self._step = Step.build(self, scheduler_output, num_scheduled_tokens, self._pending)
         self._step.began = began
+        self._pending_record.release(began if self._step.decode_only else None)
         self.timings.steps += 1
         self.timings.prepare += time.perf_counter() - began
         return result
@@ -141,8 +143,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         if step.tree_attention is not None:
             self.timings.tree_attention += step.tree_attention.seconds
         began = time.perf_counter()
-        if not bool((step.node_count > 1).any()):  # nothing to verify: vLLM's own sampler decides
-            output = super()._sample(logits, spec_decode_metadata)
+        if not step.has_trees:  # nothing to verify: vLLM's sampler decides, as without speculation (its rejection
+            output = super()._sample(logits, None)  # sampler would draw the same bonus tokens, at more cost)
             step.sampled(output.sampled_token_ids[:, 0].long())
             self.timings.verify += time.perf_counter() - began
             return output
@@ -194,7 +196,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
                           table.block_size)
         shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators))
         self.timings.drafted(shape, self.budget.shapes)
-        params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)
+        params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size) if shape != NONE else None
         tree = self.speculator.step(self._draft_kv, rows, params, RowRandom(self._generator,
                                                                             sampling_metadata.generators), shape)
         self._step = None
@@ -209,10 +211,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self.timings.draft += ended - began
         whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
         has_tree = self._drafted.total_tokens > 1 and bool(whole.any())
-        self.budget.record(self._drafted, shape, step.tree.select(whole) if has_tree else None,
-                           step.verdict.select(whole) if has_tree else None,
-                           bool((step.count == step.node_count).all()), ended - step.began, ended - began,
-                           step.num_reqs)
+        self._pending_record.hold(step.began, verified=self._drafted, drafted=shape,
+                                  trees=step.tree.select(whole) if has_tree else None,
+                                  verdict=step.verdict.select(whole) if has_tree else None,
+                                  decode_only=step.decode_only, draft_seconds=ended - began, batch=step.num_reqs)
         self._drafted = shape
         return drafts
 
