@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 
 from .config import Eagle3Config
-from .draft import Eagle3Draft, grouped_attention
+from .draft import Eagle3Draft, grouped_mask, masked_attention
 from .rng import RowRandom
 from .sampler import SamplingParams
 from .tree import DraftTree, build_chain, build_tree
@@ -221,7 +221,9 @@ class Speculator:
         is_new = new[None] < rows.count[:, None]
         allowed = torch.cat([context.valid[:, None, :context.used], is_new[:, None, :],
                              torch.zeros(b, 1, extra_columns, dtype=torch.bool, device=device)], dim=2)
-        attention = _BufferAttention(context, context.used, allowed, self.draft.attention_scale)
+        mask = grouped_mask(allowed, self.draft.config.num_attention_heads // self.draft.config.num_key_value_heads,
+                            rows.features.dtype)
+        attention = _BufferAttention(context, context.used, mask, self.draft.attention_scale)
         out = self.draft(rows.tokens, self.draft.fuse(rows.features), rows.start[:, None] + new, attention,
                          queries=(rows.count - 1)[:, None])
         context.valid[:, context.used:context.used + q] = is_new
@@ -265,28 +267,34 @@ class Speculator:
 
 class _BufferAttention:
     """The draft's attention over a :class:`_Context`: the new keys and values go to columns ``at .. at + Q - 1``
-    of its buffer, then every query attends where ``allowed [B, Q, L]``."""
+    of its buffer, then every query attends under ``mask``, additive, ``[B, 1, groups * Q, L]`` (:func:`grouped_mask`)."""
 
-    def __init__(self, context: _Context, at: int, allowed: torch.Tensor, scale: float):
-        self.context, self.at, self.allowed, self.scale = context, at, allowed, scale
+    def __init__(self, context: _Context, at: int, mask: torch.Tensor, scale: float):
+        self.context, self.at, self.mask, self.scale = context, at, mask, scale
 
     def __call__(self, q, k, v):
         columns = slice(self.at, self.at + k.shape[2])
         self.context.keys[:, :, columns] = k
         self.context.values[:, :, columns] = v
-        return grouped_attention(q, self.context.keys, self.context.values, self.allowed, self.scale)
+        return masked_attention(q, self.context.keys, self.context.values, self.mask, self.scale)
 
 
 class _LevelExpander:
     """The ``expand`` callback of :func:`build_tree`: level ``L``'s ``k`` frontier nodes run at draft position
     ``root_position + L``, fed their parent's output, and see the row's context, their ancestors in earlier
-    levels and themselves; their keys go to the context's free columns, ``k`` per level."""
+    levels and themselves; their keys go to the context's free columns, ``k`` per level. The attention mask is
+    built once per step: the context's part stays, each level writes the tree columns it can see."""
 
     def __init__(self, draft: Eagle3Draft, context: _Context, root_hidden: torch.Tensor, root_position: torch.Tensor,
                  top_k: int):
         self.draft, self.context, self.root_position = draft, context, root_position
         b, device = context.valid.shape[0], context.valid.device
-        self.levels = torch.zeros(b, top_k, context.valid.shape[1] - context.used, dtype=torch.bool, device=device)
+        groups = draft.config.num_attention_heads // draft.config.num_key_value_heads
+        seen = torch.cat([context.valid[:, None, :context.used].expand(b, top_k, -1),
+                          torch.zeros(b, top_k, context.valid.shape[1] - context.used, dtype=torch.bool,
+                                      device=device)], dim=2)
+        self.mask = grouped_mask(seen, groups, root_hidden.dtype)  # [B, 1, groups * k, L]
+        self.tree_mask = self.mask.view(b, groups, top_k, -1)[:, :, :, context.used:]  # the tree columns' part
         self.eye = torch.eye(top_k, dtype=torch.bool, device=device).expand(b, top_k, top_k)
         self.hidden = root_hidden[:, None]  # outputs of the previous level's frontier (the root's at first)
         self.ancestors = None  # [B, k, tree columns]: ancestor-or-self among the levels so far
@@ -296,13 +304,13 @@ class _LevelExpander:
         c = self.context
         parent_hidden = torch.gather(self.hidden, 1, parent_slot[..., None].expand(-1, -1, self.hidden.shape[-1]))
         if self.ancestors is None:
-            self.ancestors = torch.zeros_like(self.levels)
+            self.ancestors = torch.zeros(b, k, self.tree_mask.shape[-1], dtype=torch.bool, device=tokens.device)
         else:
             self.ancestors = torch.gather(self.ancestors, 1, parent_slot[..., None].expand_as(self.ancestors))
         columns = slice((level - 1) * k, level * k)
         self.ancestors[:, :, columns] = self.eye
-        allowed = torch.cat([c.valid[:, None, :c.used].expand(b, k, -1), self.ancestors], dim=2)
-        attention = _BufferAttention(c, c.used + (level - 1) * k, allowed, self.draft.attention_scale)
+        self.tree_mask.copy_(torch.where(self.ancestors, 0.0, float("-inf"))[:, None])
+        attention = _BufferAttention(c, c.used + (level - 1) * k, self.mask, self.draft.attention_scale)
         self.hidden = self.draft(tokens, parent_hidden, self.root_position[:, None] + level, attention)
         return self.draft.logits(self.hidden)
 
