@@ -345,6 +345,11 @@ class Eagle3Draft(nn.Module):
     def attention_scale(self) -> float:
         return self.midlayer.self_attn.scale
 
+    @property
+    def query_groups(self) -> int:
+        """Query heads per key head (grouped-query attention)."""
+        return self.config.num_attention_heads // self.config.num_key_value_heads
+
     def reserve_positions(self, positions: int) -> None:
         """Rotary tables for positions ``0 .. positions - 1`` (the longest sequence the engine serves)."""
         self.midlayer.self_attn.rotary.reserve(positions)

@@ -221,8 +221,7 @@ class Speculator:
         is_new = new[None] < rows.count[:, None]
         allowed = torch.cat([context.valid[:, None, :context.used], is_new[:, None, :],
                              torch.zeros(b, 1, extra_columns, dtype=torch.bool, device=device)], dim=2)
-        mask = grouped_mask(allowed, self.draft.config.num_attention_heads // self.draft.config.num_key_value_heads,
-                            rows.features.dtype)
+        mask = grouped_mask(allowed, self.draft.query_groups, rows.features.dtype)
         attention = _BufferAttention(context, context.used, mask, self.draft.attention_scale)
         out = self.draft(rows.tokens, self.draft.fuse(rows.features), rows.start[:, None] + new, attention,
                          queries=(rows.count - 1)[:, None])
@@ -289,7 +288,7 @@ class _LevelExpander:
                  top_k: int):
         self.draft, self.context, self.root_position = draft, context, root_position
         b, device = context.valid.shape[0], context.valid.device
-        groups = draft.config.num_attention_heads // draft.config.num_key_value_heads
+        groups = draft.query_groups
         seen = torch.cat([context.valid[:, None, :context.used].expand(b, top_k, -1),
                           torch.zeros(b, top_k, context.valid.shape[1] - context.used, dtype=torch.bool,
                                       device=device)], dim=2)
