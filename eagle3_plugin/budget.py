@@ -15,8 +15,9 @@ measured, never assumed:
   measured at start-up on synthetic rows (:func:`measure_draft_costs`, a line in ``B``), then scaled online by
   what drafting really took;
 - ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
-  attention, verification, the engine's own work), a line in ``B`` per shape, fitted online on steps without
-  prompt chunks (recursive least squares with forgetting);
+  attention, verification, the engine's own work: a step runs from its start to the next step's start,
+  :class:`PendingRecord`), a line in ``B`` per shape, fitted online on steps without prompt chunks (recursive least
+  squares with forgetting);
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
   round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
   first child at each level is the chain's node).

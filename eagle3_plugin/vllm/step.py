@@ -9,6 +9,7 @@ tree, which is plain sampling from its last token's logits. All of it runs batch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -38,12 +39,12 @@ class Step:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
-    @property
+    @cached_property
     def decode_only(self) -> bool:
         """Whether every row is a decode (its query tokens are its tree's nodes: no prompt chunk)."""
         return bool((self.count == self.node_count).all())
 
-    @property
+    @cached_property
     def has_trees(self) -> bool:
         """Whether any row verifies draft tokens (else every row is a plain decode or prompt chunk)."""
         return self.tree.size > 1 and bool((self.node_count > 1).any())
