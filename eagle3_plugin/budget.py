@@ -47,11 +47,14 @@ FORGET = 0.95  # weight of the past per observation in the online fits
 MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
+OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 
 
 @dataclass
 class Line:
-    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting."""
+    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting. Once fitted, an
+    observation counts at most :data:`OUTLIER` times the fit: a step another process slowed moves it by little,
+    while a cost that truly grew is followed as fast as forgetting allows (within a hundred observations)."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
@@ -62,6 +65,8 @@ class Line:
         return self.fixed + self.per_unit * units
 
     def observe(self, units: float, seconds: float) -> None:
+        if self.observations >= MIN_OBSERVATIONS and self(units) > 0:
+            seconds = min(seconds, OUTLIER * self(units))
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
         n, sx, sy, sxx, sxy = self._stats
@@ -178,7 +183,8 @@ class TreeBudget:
             self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0))
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0:
-            self.draft_scale[drafted] = 0.9 * self.draft_scale[drafted] + 0.1 * draft_seconds / measured(batch)
+            scale = self.draft_scale[drafted]
+            self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(draft_seconds / measured(batch), OUTLIER * scale)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted)

@@ -5,8 +5,8 @@ costs (the tree at batch 1, no speculation under a load where verification is de
 import pytest
 import torch
 
-from eagle3_plugin.budget import (MIN_OBSERVATIONS, MIN_ROUNDS, NONE, ROUND_MEMORY, Line, PendingRecord, RoundMean,
-                                 TreeBudget)
+from eagle3_plugin.budget import (MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, ROUND_MEMORY, Line, PendingRecord,
+                                 RoundMean, TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
@@ -85,3 +85,18 @@ def test_a_held_step_is_recorded_from_its_start_to_the_next_one():
     assert budget.verify_cost[tree].observations == 1 and budget.accepted[tree].rounds == 4
     pending.release(12.0)  # nothing held: nothing recorded twice
     assert budget.verify_cost[tree].observations == 1
+
+
+def test_a_slowed_step_moves_a_fitted_cost_by_little_and_a_lasting_change_is_followed():
+    line = Line()
+    for _ in range(20):
+        line.observe(1, 0.010)
+    line.observe(1, 0.500)  # another process had the CPU (or the engine idled) during one step
+    assert line(1) < 0.011  # counted as OUTLIER x the fit: +5% at most, where the mean would have tripled
+    for _ in range(80):
+        line.observe(1, 0.040)  # the step really got 4x dearer
+    assert line(1) == pytest.approx(0.040, rel=0.05)
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree = budget.shapes[0]
+    budget.record(tree, tree, None, None, False, 0.0, 0.100, 1)  # drafting slowed 100x, once
+    assert budget.draft_scale[tree] == pytest.approx(0.9 + 0.1 * OUTLIER)

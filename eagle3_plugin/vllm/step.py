@@ -31,6 +31,7 @@ class Step:
     prefilling: torch.Tensor  # [B] bool: a prompt chunk that is not the last (vLLM discards its sample)
     tree: DraftTree
     tree_attention: Optional[TreeAttention]
+    joined: bool = False  # a request joined the batch this step (new, or resumed after preemption)
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
     began: float = 0.0  # when the step's preparation began (perf_counter)
@@ -43,6 +44,12 @@ class Step:
     def decode_only(self) -> bool:
         """Whether every row is a decode (its query tokens are its tree's nodes: no prompt chunk)."""
         return bool((self.count == self.node_count).all())
+
+    @property
+    def continues_decoding(self) -> bool:
+        """Whether the engine ran straight on from its last step into this one: a decode of the same requests (a
+        request that joins, even as one cached prompt token, may have come after the engine idled)."""
+        return self.decode_only and not self.joined
 
     @cached_property
     def has_trees(self) -> bool:
@@ -61,11 +68,12 @@ class Step:
         spec = scheduler_output.scheduled_spec_decode_tokens
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
+        joined = bool(scheduler_output.scheduled_new_reqs or scheduler_output.scheduled_cached_reqs.resumed_req_ids)
         if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
             return cls(req_ids, base, flat_start, count, node_count, prefilling,
-                       DraftTree.root_only(torch.zeros(b, dtype=torch.long)), None)
+                       DraftTree.root_only(torch.zeros(b, dtype=torch.long)), None, joined)
         tree = _trees(pending, req_ids, node_count)
-        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None)
+        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined)
         has_tree = node_count > 1
         if bool(has_tree.any()):
             step._check_scheduled_tokens(runner.input_ids.cpu)

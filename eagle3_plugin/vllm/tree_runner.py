@@ -121,7 +121,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             raise RuntimeError("structured output reached the tree worker (admission should have refused it)")
         self._step = Step.build(self, scheduler_output, num_scheduled_tokens, self._pending)
         self._step.began = began
-        self._pending_record.release(began if self._step.decode_only else None)
+        self._pending_record.release(began if self._step.continues_decoding else None)
         self.timings.steps += 1
         self.timings.prepare += time.perf_counter() - began
         return result
