@@ -2,16 +2,20 @@
 
     python -m eagle3_plugin.vllm.serve_demo --target DIR --speculative-config CONFIG --prompts FILE
 
-Runs the same prompts one at a time against a server without speculation, one with vLLM's native EAGLE-3 chain
-(same draft, depth as ours) and one with our config, one server at a time, and prints tokens/s of each, their
-ratios, and the mean acceptance length from each server's own ``/metrics``.
+Starts a server without speculation, one with vLLM's native EAGLE-3 chain (same draft, depth as ours) and one with
+our config, all three at once, then sends the same prompts one at a time to each server in turn, for several rounds,
+and prints each server's median tokens/s over the rounds, their ratios, and the mean
+acceptance length from each server's own ``/metrics``. In turn, because this kind of machine's speed drifts by tens
+of percent within minutes: servers measured one after another would see different machines.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 
@@ -22,16 +26,30 @@ from .server import running_server
 from .speculative import speculative_config
 
 
-def serve_and_measure(target: str, args: list[str], prompts: list[str], max_tokens: int, log: str):
-    with running_server(target, args, log) as url:
-        stream_completion(url, target, prompts[0], max_tokens)  # warm-up, not timed
-        before = spec_counters(url)
-        done = [stream_completion(url, target, p, max_tokens) for p in prompts]
+def measure_in_turn(urls: dict, model: str, prompts: list[str], max_tokens: int, rounds: int) -> dict:
+    """``{name: (median tokens/s over the rounds, mean acceptance length or None, each round's texts)}`` for the
+    servers at ``urls`` (``{name: url}``). Each round every server in turn (who goes first rotates) gets every
+    prompt, one request at a time. Turns are whole rounds, not single requests: a server's CPU threads spin for a
+    while after its last request, slowing whichever server runs next."""
+    names = list(urls)
+    for url in urls.values():
+        stream_completion(url, model, prompts[0], max_tokens)  # warm-up, not timed
+    before = {name: spec_counters(url) for name, url in urls.items()}
+    speeds, texts = {name: [] for name in names}, {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            done = [stream_completion(urls[name], model, p, max_tokens) for p in prompts]
+            speeds[name].append(sum(c.tokens for c in done) / sum(c.seconds for c in done))
+            texts[name].append([c.text for c in done])
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{speeds[n][-1]:.1f}" for n in names) + " tokens/s",
+              file=sys.stderr)
+    results = {}
+    for name, url in urls.items():
         after = spec_counters(url)
-    tokens, seconds = sum(c.tokens for c in done), sum(c.seconds for c in done)
-    spent = after.minus(before) if after else None
-    mal = 1 + spent.num_accepted_tokens / spent.num_drafts if spent and spent.num_drafts else None
-    return tokens / seconds, mal, [c.text for c in done]
+        spent = after.minus(before[name]) if after and before[name] else None
+        mal = 1 + spent.num_accepted_tokens / spent.num_drafts if spent and spent.num_drafts else None
+        results[name] = (statistics.median(speeds[name]), mal, texts[name])
+    return results
 
 
 def describe(spec: dict) -> str:
@@ -50,6 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", required=True)
     p.add_argument("--max-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=5, help="rounds over the prompts, each server in turn (median kept)")
     a = p.parse_args(argv)
     try:
         spec_json = speculative_config(a.speculative_config)
@@ -64,19 +83,21 @@ def main(argv=None) -> int:
     servers = {"no speculation": [], describe(native): ["--speculative-config", json.dumps(native)],
                describe(spec_json): ["--speculative-config", json.dumps(spec_json)]}
     logs = tempfile.mkdtemp(prefix="eagle3-serve-")
-    print(f"starting vLLM servers on 127.0.0.1, one at a time (logs in {logs}) ...", file=sys.stderr)
-    results = {name: serve_and_measure(a.target, common + args, prompts, a.max_new_tokens,
-                                       os.path.join(logs, f"server{i}.log"))
-               for i, (name, args) in enumerate(servers.items())}
-    (base_tps, _, base_text), (native_tps, _, _) = results["no speculation"], results[describe(native)]
+    print(f"starting {len(servers)} vLLM servers on 127.0.0.1 (logs in {logs}) ...", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(running_server(a.target, common + args,
+                                                         os.path.join(logs, f"server{i}.log")))
+                for i, (name, args) in enumerate(servers.items())}
+        results = measure_in_turn(urls, a.target, prompts, a.max_new_tokens, a.rounds)
+    (base_tps, _, base_texts), (native_tps, _, _) = results["no speculation"], results[describe(native)]
     print(f"## vllm serve on 127.0.0.1: {len(prompts)} requests one at a time, {a.max_new_tokens} tokens each, "
-          "greedy\n")
+          f"greedy; servers up together, measured in turn, median of {a.rounds} rounds\n")
     print("| server | tokens/s | vs no speculation | vs native chain | mean acceptance length |")
     print("|---|---:|---:|---:|---:|")
     for name, (tps, mal, _) in results.items():
         print(f"| {name} | {tps:.1f} | {tps / base_tps:.2f}x | {tps / native_tps:.2f}x | "
               f"{'' if mal is None else f'{mal:.3f}'} |")
-    same = all(text == base_text for _, _, text in results.values())
+    same = all(texts == base_texts[0] for _, _, rounds in results.values() for texts in rounds)
     print(f"\noutputs identical to no speculation: {'yes' if same else 'NO'}")
     return 0
 
