@@ -29,27 +29,28 @@ from .speculative import speculative_config
 def measure_in_turn(urls: dict, model: str, prompts: list[str], max_tokens: int, rounds: int) -> dict:
     """``{name: (median tokens/s over the rounds, mean acceptance length or None, each round's texts)}`` for the
     servers at ``urls`` (``{name: url}``). Each round every server in turn (who goes first rotates) gets every
-    prompt, one request at a time. Turns are whole rounds, not single requests: a server's CPU threads spin for a
-    while after its last request, slowing whichever server runs next."""
+    prompt, one request at a time, after one untimed request: the first request after another server's turn runs
+    up to 4x slower on this kind of machine (cold caches), whichever server it is. Turns are whole rounds for the
+    same reason. The acceptance length counts the timed requests only."""
     names = list(urls)
-    for url in urls.values():
-        stream_completion(url, model, prompts[0], max_tokens)  # warm-up, not timed
-    before = {name: spec_counters(url) for name, url in urls.items()}
     speeds, texts = {name: [] for name in names}, {name: [] for name in names}
+    drafts, accepted = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            stream_completion(urls[name], model, prompts[-1], max_tokens)  # the turn's warm-up, not timed
+            before = spec_counters(urls[name])
             done = [stream_completion(urls[name], model, p, max_tokens) for p in prompts]
+            after = spec_counters(urls[name])
+            if before and after:
+                spent = after.minus(before)
+                drafts[name] += spent.num_drafts
+                accepted[name] += spent.num_accepted_tokens
             speeds[name].append(sum(c.tokens for c in done) / sum(c.seconds for c in done))
             texts[name].append([c.text for c in done])
         print(f"round {r + 1}/{rounds}: " + ", ".join(f"{speeds[n][-1]:.1f}" for n in names) + " tokens/s",
               file=sys.stderr)
-    results = {}
-    for name, url in urls.items():
-        after = spec_counters(url)
-        spent = after.minus(before[name]) if after and before[name] else None
-        mal = 1 + spent.num_accepted_tokens / spent.num_drafts if spent and spent.num_drafts else None
-        results[name] = (statistics.median(speeds[name]), mal, texts[name])
-    return results
+    return {name: (statistics.median(speeds[name]), 1 + accepted[name] / drafts[name] if drafts[name] else None,
+                   texts[name]) for name in names}
 
 
 def describe(spec: dict) -> str:
