@@ -45,7 +45,7 @@ from .tree import DraftTree
 NONE = TreeShape(1, 1, 1)
 PROBE_EVERY = 200  # steps between probes of a shape that is not being run
 PROBE_STEPS = 3  # steps a probe runs its shape (one step says little)
-FORGET = 0.95  # weight of the past per engine step in the online cost fits
+FORGET = 0.95  # weight of the past per observation in the online cost fits
 MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
@@ -54,28 +54,22 @@ OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step
 
 @dataclass
 class Line:
-    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting by engine step, so
-    that a shape observed only when probed is judged on its probe, at the machine's speed now, like the shape that
-    runs every step (this kind of machine's speed drifts). Once fitted, an observation counts at most
-    :data:`OUTLIER` times the fit: a step another process slowed moves it by little."""
+    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting. Once fitted, an
+    observation counts at most :data:`OUTLIER` times the fit: a step another process slowed moves it by little,
+    while a cost that truly grew is followed within a hundred observations."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
     observations: int = 0
-    last_step: int = 0  # the engine step of the last observation
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
 
     def __call__(self, units: float) -> float:
         return self.fixed + self.per_unit * units
 
-    def observe(self, units: float, seconds: float, step: Optional[int] = None) -> None:
-        """One observation at engine step ``step`` (default: the step after the last observation)."""
-        step = self.last_step + 1 if step is None else step
+    def observe(self, units: float, seconds: float) -> None:
         if self.observations >= MIN_OBSERVATIONS and self(units) > 0:
             seconds = min(seconds, OUTLIER * self(units))
-        decay = FORGET ** max(step - self.last_step, 1)
-        self.last_step = step
-        n, sx, sy, sxx, sxy = (decay * v for v in self._stats)
+        n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
         n, sx, sy, sxx, sxy = self._stats
         self.observations += 1
@@ -192,7 +186,7 @@ class TreeBudget:
         there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them."""
         self.last_run[verified] = self.steps
         if decode_only and batch > 0:
-            self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0), self.steps)
+            self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0))
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0:
             scale = self.draft_scale[drafted]

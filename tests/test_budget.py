@@ -5,7 +5,7 @@ costs (the tree at batch 1, no speculation under a load where verification is de
 import pytest
 import torch
 
-from eagle3_plugin.budget import (MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY, PROBE_STEPS, ROUND_MEMORY,
+from eagle3_plugin.budget import (FORGET, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY, PROBE_STEPS, ROUND_MEMORY,
                                  Line, PendingRecord, RoundMean, TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
@@ -102,24 +102,18 @@ def test_a_slowed_step_moves_a_fitted_cost_by_little_and_a_lasting_change_is_fol
     assert budget.draft_scale[tree] == pytest.approx(0.9 + 0.1 * OUTLIER)
 
 
-def test_a_shape_not_run_is_probed_for_a_few_steps_and_judged_on_that_probe():
+def test_a_shape_not_run_is_probed_for_a_few_steps_in_a_row():
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     for s in budget.shapes:
-        for step in range(1, 21):
-            budget.verify_cost[s].observe(1, 0.010 if s == tree else 0.030, step)  # the chain looked dear once
+        for _ in range(20):
+            budget.verify_cost[s].observe(1, 0.010 if s == tree else 0.030)  # the others looked dear once
     budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
     budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 3))
-    budget.steps = budget.last_run[tree] = budget.last_run[NONE] = budget.last_run[chain] = 20
     chosen = []
-    for _ in range(PROBE_EVERY + PROBE_STEPS):
+    for _ in range(PROBE_EVERY + 2 * PROBE_STEPS + 1):
         shape = budget.shape(1)
         chosen.append(shape)
         budget.record(shape, shape, None, None, True, 0.011 if shape == tree else 0.006, 0.001, 1)
-    assert chosen[-PROBE_STEPS - 1:] == [tree] + [chain] * PROBE_STEPS  # the chain's probe: a few steps in a row
-    # its old fit (20 steps at 30 ms, 200 steps ago) is forgotten by now: the probe at 5 ms decides
-    assert budget.verify_cost[chain](1) < 0.006
-    for _ in range(PROBE_STEPS):  # no speculation's probe, due too
-        assert budget.shape(1) == NONE
-        budget.record(NONE, NONE, None, None, True, 0.006, 0.0, 1)
-    assert budget.shape(1) == chain  # 4 tokens for ~6 ms: better than the tree's 11 ms
+    assert chosen[-2 * PROBE_STEPS - 2:] == [tree] + [chain] * PROBE_STEPS + [NONE] * PROBE_STEPS + [tree]
+    assert budget.verify_cost[chain](1) < 0.030 * FORGET ** PROBE_STEPS + 0.006  # each probe step moved the fit
