@@ -5,8 +5,8 @@ costs (the tree at batch 1, no speculation under a load where verification is de
 import pytest
 import torch
 
-from eagle3_plugin.budget import (FORGET, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY, PROBE_STEPS, ROUND_MEMORY,
-                                 Line, PendingRecord, RoundMean, TreeBudget)
+from eagle3_plugin.budget import (FORGET, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY, PROBE_STEPS,
+                                 ROUND_MEMORY, Line, PendingRecord, RoundMean, TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree

@@ -4,9 +4,9 @@
 
 Starts a server without speculation, one with vLLM's native EAGLE-3 chain (same draft, depth as ours) and one with
 our config, all three at once, then sends the same prompts one at a time to each server in turn, for several rounds,
-and prints each server's median tokens/s over the rounds, their ratios, and the mean
-acceptance length from each server's own ``/metrics``. In turn, because this kind of machine's speed drifts by tens
-of percent within minutes: servers measured one after another would see different machines.
+and prints each server's median tokens/s over the rounds, their ratios, and the mean acceptance length from each
+server's own ``/metrics``. In turn, because this kind of machine's speed drifts by tens of percent within minutes:
+servers measured one after another would see different machines.
 """
 
 from __future__ import annotations
