@@ -67,8 +67,9 @@ class Line:
         return self.fixed + self.per_unit * units
 
     def observe(self, units: float, seconds: float) -> None:
-        if self.observations >= MIN_OBSERVATIONS and self(units) > 0:
-            seconds = min(seconds, OUTLIER * self(units))
+        fit = self(units)
+        if self.observations >= MIN_OBSERVATIONS and fit > 0:
+            seconds = min(seconds, OUTLIER * fit)
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
         n, sx, sy, sxx, sxy = self._stats
