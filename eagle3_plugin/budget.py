@@ -23,7 +23,8 @@ measured, never assumed:
   first child at each level is the chain's node).
 
 The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements
-(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), or not run for a while, is probed
+(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
+not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32), is probed
 (:data:`PROBE_STEPS` steps in a row).
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape).
@@ -50,18 +51,21 @@ MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
+COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
 
 
 @dataclass
 class Line:
     """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting. Once fitted, an
     observation counts at most :data:`OUTLIER` times the fit: a step another process slowed moves it by little,
-    while a cost that truly grew is followed within a hundred observations."""
+    while a cost that truly grew is followed within a hundred observations. :meth:`covers` tells where the fit
+    rests on recent observations rather than on extrapolation."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
     observations: int = 0
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
+    _weight_near: dict = field(default_factory=dict)  # power-of-two bucket of units -> weight of its observations
 
     def __call__(self, units: float) -> float:
         return self.fixed + self.per_unit * units
@@ -72,12 +76,23 @@ class Line:
             seconds = min(seconds, OUTLIER * fit)
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
+        self._weight_near = {b: FORGET * w for b, w in self._weight_near.items()}
+        self._weight_near[_bucket(units)] = self._weight_near.get(_bucket(units), 0.0) + 1.0
         n, sx, sy, sxx, sxy = self._stats
         self.observations += 1
         spread = sxx - sx * sx / n
         if spread > 1e-6 * max(sxx, 1.0):
             self.per_unit = max((sxy - sx * sy / n) / spread, 0.0)
         self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
+
+    def covers(self, units: float) -> bool:
+        """Whether observations within a factor of about 2 of ``units`` still weigh :data:`COVERED` in the fit."""
+        b = _bucket(units)
+        return sum(self._weight_near.get(near, 0.0) for near in (b - 1, b, b + 1)) >= COVERED
+
+
+def _bucket(units: float) -> int:
+    return int(max(units, 1.0)).bit_length()
 
 
 @dataclass
@@ -143,6 +158,7 @@ class TreeBudget:
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.last_run = {s: 0 for s in self.shapes}
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
+        self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
         self.steps = 0
 
     @classmethod
@@ -161,9 +177,12 @@ class TreeBudget:
         self.steps += 1
         if not self.auto or seeded:
             return self.shapes[0]
-        for s in self.shapes:  # too few measurements, or not run for a while: probe it
-            if self.steps - self.last_run[s] > PROBE_EVERY:
-                self.probe_left[s], self.last_run[s] = PROBE_STEPS, self.steps
+        for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
+            cost = self.verify_cost[s]
+            unmeasured_here = cost.observations and not cost.covers(batch)
+            if self.steps - self.last_run[s] > PROBE_EVERY or (
+                    unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4):
+                self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
             if (self.probe_left[s] > 0 or self.verify_cost[s].observations < MIN_OBSERVATIONS
                     or (s != NONE and self.accepted[s].rounds < MIN_ROUNDS)):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)

@@ -56,9 +56,7 @@ def test_a_shape_is_probed_until_enough_request_rounds_back_its_acceptance():
 def test_the_choice_follows_the_measured_costs():
     budget = TreeBudget(CONFIG, {s: Line(0.001, 0.0001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
-    budget.verify_cost = {tree: Line(0.010, 0.004), chain: Line(0.010, 0.0015), NONE: Line(0.010, 0.0002)}
-    for line in budget.verify_cost.values():
-        line.observations = MIN_OBSERVATIONS
+    budget.verify_cost = {tree: fitted(0.010, 0.004), chain: fitted(0.010, 0.0015), NONE: fitted(0.010, 0.0002)}
     budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
     budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
     budget.last_run = {s: 0 for s in budget.shapes}
@@ -66,6 +64,35 @@ def test_the_choice_follows_the_measured_costs():
     assert budget.shape(32) == NONE  # the tree's verification grows 20x faster with the batch than no speculation
     assert budget.shape(4) == chain
     assert budget.tokens_per_second(NONE, 32) == pytest.approx(32 / (0.010 + 0.0002 * 32 + 0.001 + 0.0001 * 32))
+
+
+def fitted(fixed: float, per_unit: float, batches=(1, 4, 16, 32)) -> Line:
+    """A cost line observed exactly on ``seconds = fixed + per_unit * batch`` at ``batches``."""
+    line = Line()
+    for _ in range(MIN_OBSERVATIONS):
+        for b in batches:
+            line.observe(b, fixed + per_unit * b)
+    return line
+
+
+def test_a_cost_line_is_trusted_only_near_the_batch_sizes_it_was_measured_at():
+    line = fitted(0.010, 0.001, batches=(1, 4))
+    assert line(32) == pytest.approx(0.042)  # what the fit extrapolates
+    assert line.covers(1) and line.covers(4) and line.covers(8)
+    assert not line.covers(16) and not line.covers(32)
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: fitted(0.010, 0.004), chain: fitted(0.010, 0.0015),
+                          NONE: fitted(0.010, 0.001, batches=(1, 4))}
+    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    assert budget.shape(4) == chain  # measured there: chosen by its cost
+    chosen = [budget.shape(32) for _ in range(PROBE_STEPS)]
+    assert chosen == [NONE] * PROBE_STEPS  # not measured near 32: probed there first
+    for _ in range(PROBE_STEPS):  # where a step costs 12 ms, not the 42 extrapolated
+        budget.record(NONE, NONE, None, None, True, 0.012, 0.0, 32)
+    assert budget.verify_cost[NONE].covers(32) and budget.verify_cost[NONE](32) < 0.020
+    assert budget.shape(32) == NONE  # 32 tokens in ~13 ms against the chain's 96 in ~59
 
 
 def test_a_held_step_is_recorded_from_its_start_to_the_next_one():
