@@ -301,14 +301,17 @@ class _LevelExpander:
     def __call__(self, level: int, tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
         b, k = tokens.shape
         c = self.context
-        parent_hidden = torch.gather(self.hidden, 1, parent_slot[..., None].expand(-1, -1, self.hidden.shape[-1]))
-        if self.ancestors is None:
-            self.ancestors = torch.zeros(b, k, self.tree_mask.shape[-1], dtype=torch.bool, device=tokens.device)
+        if k == 1:  # a chain: the one node's parent is the previous level's node, its ancestors every level's
+            parent_hidden = self.hidden
+            self.tree_mask[..., level - 1] = 0.0
         else:
-            self.ancestors = torch.gather(self.ancestors, 1, parent_slot[..., None].expand_as(self.ancestors))
-        columns = slice((level - 1) * k, level * k)
-        self.ancestors[:, :, columns] = self.eye
-        self.tree_mask.copy_(torch.where(self.ancestors, 0.0, float("-inf"))[:, None])
+            parent_hidden = torch.gather(self.hidden, 1, parent_slot[..., None].expand(-1, -1, self.hidden.shape[-1]))
+            if self.ancestors is None:
+                self.ancestors = torch.zeros(b, k, self.tree_mask.shape[-1], dtype=torch.bool, device=tokens.device)
+            else:
+                self.ancestors = torch.gather(self.ancestors, 1, parent_slot[..., None].expand_as(self.ancestors))
+            self.ancestors[:, :, (level - 1) * k:level * k] = self.eye
+            self.tree_mask.copy_(torch.where(self.ancestors, 0.0, float("-inf"))[:, None])
         attention = _BufferAttention(c, c.used + (level - 1) * k, self.mask, self.draft.attention_scale)
         self.hidden = self.draft(tokens, parent_hidden, self.root_position[:, None] + level, attention)
         return self.draft.logits(self.hidden)

@@ -169,3 +169,37 @@ def test_measuring_the_draft_costs_at_start_up_leaves_nothing_behind(speculator)
     budget = TreeBudget.for_speculator(auto, torch.float32, "cpu")
     assert set(budget.draft_costs) == set(budget.shapes) and NONE in budget.shapes and auto._deferred == []
     assert budget.draft_costs[budget.shapes[0]](8) > budget.draft_costs[NONE](8)
+
+
+@pytest.mark.parametrize("shape", [TreeShape(4, 1, 5), TreeShape(4, 3, 12)])
+def test_a_greedy_chain_is_what_the_draft_predicts_token_by_token(speculator, target, shape):
+    """The chain (and a tree's first-child path) against the draft run one token at a time over the whole sequence,
+    plain causal attention, no store, no masks: each node is the argmax after its parent. A tree need not keep the
+    whole chain (a node's best child may score below other branches' nodes)."""
+    from eagle3_plugin.draft import ConcatAttention
+
+    draft, c = speculator.draft, speculator.draft.config
+    g = torch.Generator().manual_seed(3)
+    b, n = 2, 7
+    tokens = torch.randint(3, target.config.vocab_size, (b, n), generator=g)
+    features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
+    kv = DraftKV.allocate(2 * 32, c.num_key_value_heads, c.head_dim, torch.float32)
+    rows = DraftRows(torch.arange(64).view(2, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
+                     features)
+    with torch.inference_mode():
+        tree = speculator.step(kv, rows, SamplingParams.uniform(b), shape=shape)
+        attention = ConcatAttention(scale=draft.attention_scale)
+        hidden = draft(tokens, draft.fuse(features), torch.arange(n).expand(b, -1), attention)[:, -1:]
+        expected = [tokens[:, -1]]
+        for level in range(1, shape.depth + 1):
+            expected.append(draft.hot_token_ids[draft.logits(hidden[:, 0]).argmax(-1)])
+            if level < shape.depth:
+                hidden = draft(expected[-1][:, None], hidden, torch.full((b, 1), n - 1 + level), attention)
+    expected = torch.stack(expected, 1)
+    for row in range(b):  # the tree's first-child path from the root, as deep as the tree kept it
+        node, path = 0, [int(tree.tokens[row, 0])]
+        while bool((tree.parents[row] == node).any()):
+            node = int(torch.nonzero(tree.parents[row] == node)[0, 0])
+            path.append(int(tree.tokens[row, node]))
+        assert path == expected[row, :len(path)].tolist() and len(path) >= 2
+        assert shape.top_k > 1 or len(path) == shape.depth + 1
