@@ -206,13 +206,18 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
 def greedy_verdict(tree: DraftTree, best: torch.Tensor) -> Verdict:
     """:func:`verify_greedy` given the target's argmax after each node, ``best [B, N]`` (engines take it from their
     flat logits without copying the tree's rows out)."""
-    b = tree.tokens.shape[0]
-    rows = torch.arange(b, device=tree.tokens.device)
-    match = (tree.tokens == best.gather(1, tree.parents.clamp(min=0))) & (tree.parents >= 0)
+    b, device = tree.tokens.shape[0], tree.tokens.device
+    rows = torch.arange(b, device=device)
+    parent = tree.parents.clamp(min=0)
+    match = (tree.tokens == best.gather(1, parent)) & (tree.parents >= 0)
     match[:, 0] = True
-    on_path = ~(tree.ancestor_mask() & ~match[:, None, :]).any(-1)
+    width = int(tree.depths.max()) + 1
+    on_path = match
+    for _ in range(width - 1):  # after d rounds a node is on the path if it and its d nearest ancestors match
+        on_path = match & on_path.gather(1, parent)
     end = torch.where(on_path, tree.depths, -1).argmax(1)
-    accepted = tree.retrieve_indices()[rows, end]
+    at_depth = on_path[:, None, :] & (tree.depths[:, None, :] == torch.arange(width, device=device)[None, :, None])
+    accepted = torch.where(at_depth.any(2), at_depth.float().argmax(2), -1)  # one on-path node per depth
     return Verdict(accepted=accepted, num_accepted=tree.depths[rows, end], bonus=best[rows, end])
 
 

@@ -103,10 +103,12 @@ def test_greedy_verification_fast_path_equals_the_general_path():
                 if kids and torch.rand(1, generator=gen) < 0.8:
                     pick = kids[int(torch.randint(len(kids), (1,), generator=gen))]
                     logits[row, node, tree.tokens[row, pick]] += 10.0
-        fast = verify_greedy(tree, logits)
-        general = verify_tree_general(tree, logits, SamplingParams.uniform(4), "real")
-        assert torch.equal(fast.accepted, general.accepted) and torch.equal(fast.bonus, general.bonus)
-        lengths |= set(fast.num_accepted.tolist())
+        for verified in (tree, tree.truncated(torch.randint(1, 15, (4,), generator=gen))):  # whole, and cut
+            fast = verify_greedy(verified, logits)
+            general = verify_tree_general(verified, logits, SamplingParams.uniform(4), "real")
+            assert torch.equal(fast.accepted, general.accepted) and torch.equal(fast.bonus, general.bonus)
+            assert torch.equal(fast.num_accepted, general.num_accepted)
+            lengths |= set(fast.num_accepted.tolist())
     assert len(lengths) >= 4
 
 
