@@ -182,13 +182,20 @@ def test_check_refuses_reports_measured_differently(tmp_path, capsys):
 
 
 def test_vllm_bench_takes_the_context_length_from_the_target(tmp_path):
-    """A target whose config allows 512 positions benches on vLLM with no extra flag (no hard-coded length)."""
+    """A target whose config allows 512 positions benches on vLLM with no extra flag (no hard-coded length), run as a
+    user runs it: the report alone on stdout, vLLM's logs (its engine process's too) on stderr."""
     import shutil
     target = tmp_path / "target-512"
     shutil.copytree(TARGET, target)
     config = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 512}))
     out = tmp_path / "r.json"
-    assert main(["bench", "--engine", "vllm", "--target", str(target), "--draft", DRAFT, "--prompts", HELDOUT,
-                 "--max-prompts", "2", "--max-new-tokens", "8", "--chain", "3", "--json", str(out)]) == 0
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_STREAM"}
+    proc = subprocess.run([os.path.join(ROOT, ".venv", "bin", "eagle3"), "bench", "--engine", "vllm", "--target",
+                           str(target), "--draft", DRAFT, "--prompts", HELDOUT, "--max-prompts", "2",
+                           "--max-new-tokens", "8", "--chain", "3", "--json", str(out)],
+                          env={**env, "VLLM_LOGGING_LEVEL": "INFO"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(out.read_text())["greedy_match"] is True
+    assert "INFO" in proc.stderr and "EngineCore" in proc.stderr  # vLLM did log, its engine process too
+    assert "INFO" not in proc.stdout and "EngineCore" not in proc.stdout and proc.stdout.lstrip().startswith("#")
