@@ -20,7 +20,10 @@ measured, never assumed:
   squares with forgetting);
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
   round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
-  first child at each level is the chain's node).
+  first child at each level is the chain's node). Acceptance varies from prompt to prompt far more than between
+  shapes, so the tree is judged on the same rounds as the chain: its expected acceptance is the chain's recent
+  mean times what the tree accepted over what its chain accepted in the tree's own rounds (means taken on
+  different prompts would favour whichever shape ran on the easier ones).
 
 The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements
 (:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
@@ -156,6 +159,7 @@ class TreeBudget:
         self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
         self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
+        self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only
         self.last_run = {s: 0 for s in self.shapes}
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
@@ -191,8 +195,19 @@ class TreeBudget:
 
     def tokens_per_second(self, s: TreeShape, batch: int) -> float:
         seconds = self.verify_cost[s](batch) + self.draft_seconds(s, batch)
-        accepted = 0.0 if s == NONE else self.accepted[s].value
-        return batch * (1 + accepted) / max(seconds, 1e-9)
+        return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
+
+    def expected_accepted(self, s: TreeShape) -> float:
+        """Accepted draft tokens per request-round expected of ``s`` now: for the tree, the chain's recent mean
+        times the tree's ratio to its chain in the tree's rounds (its own mean when there is no chain shape, or no
+        paired rounds yet)."""
+        if s == NONE:
+            return 0.0
+        chain = self.shapes[1] if len(self.shapes) > 2 else None
+        paired = self.chain_in_tree.value
+        if s == chain or chain is None or not paired or self.accepted[chain].value is None:
+            return self.accepted[s].value
+        return self.accepted[chain].value * self.accepted[s].value / paired
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
@@ -216,7 +231,9 @@ class TreeBudget:
         self.accepted[verified].observe(verdict.num_accepted)
         chain = self.shapes[1] if len(self.shapes) > 2 else None
         if chain is not None and verified != chain:
-            self.accepted[chain].observe(_chain_accepted(trees, verdict.accepted))
+            chain_accepted = _chain_accepted(trees, verdict.accepted)
+            self.accepted[chain].observe(chain_accepted)
+            self.chain_in_tree.observe(chain_accepted)
 
 
 class PendingRecord:

@@ -144,3 +144,22 @@ def test_a_shape_not_run_is_probed_for_a_few_steps_in_a_row():
         budget.record(shape, shape, None, None, True, 0.011 if shape == tree else 0.006, 0.001, 1)
     assert chosen[-2 * PROBE_STEPS - 2:] == [tree] + [chain] * PROBE_STEPS + [NONE] * PROBE_STEPS + [tree]
     assert budget.verify_cost[chain](1) < 0.030 * FORGET ** PROBE_STEPS + 0.006  # each probe step moved the fit
+
+
+def test_the_tree_is_judged_on_the_same_rounds_as_its_chain():
+    """The tree ran on easy prompts (accepting 2 a round, its chain 1.5 on those rounds), the chain then on hard
+    ones (nothing accepted): the tree is expected to do 4/3 of the chain now, not its own old mean."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: fitted(0.011, 0.0), chain: fitted(0.010, 0.0), NONE: fitted(0.008, 0.0)}
+    for path in ([1, 3, 4], [2]) * MIN_ROUNDS:  # the tree's own rounds: 3 and 1 accepted, its chain's 3 and 0
+        budget.record(tree, tree, *rounds(1, path), True, 0.012, 0.001, 1)
+    assert budget.accepted[tree].value == pytest.approx(2, rel=0.05)
+    assert budget.expected_accepted(tree) == pytest.approx(2, rel=0.05)  # the chain's mean is the tree's rounds'
+    assert budget.shape(1) == tree
+    for _ in range(300):  # the chain on a hard prompt
+        budget.record(chain, chain, *rounds(1, []), True, 0.011, 0.001, 1)
+    ratio = budget.accepted[tree].value / budget.chain_in_tree.value
+    assert ratio == pytest.approx(4 / 3, rel=0.05)
+    assert budget.expected_accepted(tree) == pytest.approx(budget.accepted[chain].value * ratio)
+    assert budget.expected_accepted(tree) < 0.2 and budget.shape(1) == NONE
