@@ -148,8 +148,10 @@ class ProposedTrees:
         entries = [e if e is not None else known[0] for e in entries]
         batches = list({id(trees): trees for trees, _ in entries}.values())
         if len(batches) == 1:
-            rows = torch.tensor([row for _, row in entries], device=batches[0].tokens.device)
-            return batches[0].select(rows), found
+            rows = [row for _, row in entries]
+            if rows == list(range(batches[0].tokens.shape[0])):  # the same requests in the same order
+                return batches[0], found
+            return batches[0].select(torch.tensor(rows, device=batches[0].tokens.device)), found
         width = max(t.size for t in batches)
         return DraftTree.stack([trees.select(torch.tensor([row], device=trees.tokens.device)).padded(width)
                                 for trees, row in entries]), found

@@ -138,6 +138,9 @@ def test_proposed_trees_are_kept_per_request():
     assert found.tolist() == [True, True, True, False]
     assert got.tokens[0].tolist() == [120, 121, 122, 123, 0, 0] and got.parents[0, 4:].tolist() == [-1, -1]
     assert got.tokens[1].tolist() == list(range(500, 506)) and got.tokens[2, :4].tolist() == [100, 101, 102, 103]
+    assert torch.equal(proposed.get(["a", "b", "c"])[0].tokens, trees(3, 4, 100).tokens)  # as proposed
+    assert proposed.get(["b", "c"])[0].tokens[:, 0].tolist() == [110, 120]  # one step's rows, some finished
+    assert proposed.get(["b", "a", "c"])[0].tokens[:, 0].tolist() == [110, 100, 120]  # the batch reordered
     proposed.drop(["a"])
     assert proposed.get(["a"])[1].tolist() == [False]
 

@@ -79,10 +79,11 @@ class Step:
             step._check_scheduled_tokens(runner.input_ids.cpu)
             nodes = torch.arange(tree.size)
             is_node = (nodes[None] < node_count[:, None]) & has_tree[:, None]
-            flat = (flat_start[:, None] + nodes)[is_node]
-            runner.positions[flat] = (base[:, None] + tree.depths)[is_node].to(runner.positions.dtype)
             not_path = has_tree & ((tree.depths != nodes) & is_node).any(1)
-            if bool(not_path.any()):
+            if bool(not_path.any()):  # a path's positions (root + node index) are vLLM's already
+                is_node &= not_path[:, None]
+                flat = (flat_start[:, None] + nodes)[is_node]
+                runner.positions[flat] = (base[:, None] + tree.depths)[is_node].to(runner.positions.dtype)
                 rows = torch.nonzero(not_path)[:, 0]
                 block_size = runner.kv_cache_config.kv_cache_groups[runner._target_group].kv_cache_spec.block_size
                 step.tree_attention = TreeAttention.build(rows, flat_start[rows], base[rows], node_count[rows],
@@ -135,7 +136,7 @@ def _trees(pending: ProposedTrees, req_ids: list, node_count: torch.Tensor) -> D
         raise RuntimeError("eagle3-plugin: a request has scheduled draft tokens but no tree of ours")
     if trees is None:
         return DraftTree.root_only(torch.zeros(len(req_ids), dtype=torch.long))
-    return trees.truncated(node_count)
+    return trees if bool((node_count == trees.size).all()) else trees.truncated(node_count)
 
 
 def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Tensor, block_size: int) -> DraftRows:
