@@ -187,7 +187,7 @@ class TreeBudget:
             if self.steps - self.last_run[s] > PROBE_EVERY or (
                     unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
-            if (self.probe_left[s] > 0 or self.verify_cost[s].observations < MIN_OBSERVATIONS
+            if (self.probe_left[s] > 0 or cost.observations < MIN_OBSERVATIONS
                     or (s != NONE and self.accepted[s].rounds < MIN_ROUNDS)):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
