@@ -154,6 +154,7 @@ class TreeBudget:
         tree = TreeShape.of(config)
         chain = TreeShape(config.depth, 1, config.depth + 1)
         self.shapes = [tree] + ([chain] if chain != tree else []) + [NONE]
+        self.chain = chain if chain != tree else None  # the tree's chain, when it is a shape of its own
         self.auto = config.budget == "auto"
         self.draft_costs = draft_costs or {}
         self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
@@ -203,8 +204,7 @@ class TreeBudget:
         paired rounds yet)."""
         if s == NONE:
             return 0.0
-        chain = self.shapes[1] if len(self.shapes) > 2 else None
-        paired = self.chain_in_tree.value
+        chain, paired = self.chain, self.chain_in_tree.value
         if s == chain or chain is None or not paired or self.accepted[chain].value is None:
             return self.accepted[s].value
         return self.accepted[chain].value * self.accepted[s].value / paired
@@ -229,10 +229,9 @@ class TreeBudget:
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted)
-        chain = self.shapes[1] if len(self.shapes) > 2 else None
-        if chain is not None and verified != chain:
+        if self.chain is not None and verified != self.chain:
             chain_accepted = _chain_accepted(trees, verdict.accepted)
-            self.accepted[chain].observe(chain_accepted)
+            self.accepted[self.chain].observe(chain_accepted)
             self.chain_in_tree.observe(chain_accepted)
 
 

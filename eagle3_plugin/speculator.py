@@ -296,9 +296,9 @@ class _LevelExpander:
                                       device=device)], dim=2)
         self.mask = grouped_mask(seen, groups, root_hidden.dtype)  # [B, 1, groups * k, L]
         self.tree_mask = self.mask.view(b, groups, top_k, -1)[:, :, :, context.used:]  # the tree columns' part
-        self.eye = torch.eye(top_k, dtype=torch.bool, device=device).expand(b, top_k, top_k)
         self.hidden = root_hidden[:, None]  # outputs of the previous level's frontier (the root's at first)
-        self.ancestors = None  # [B, k, tree columns]: ancestor-or-self among the levels so far
+        self.ancestors = None  # [B, k, tree columns]: ancestor-or-self among the levels so far (trees, not chains)
+        self.eye = None  # [B, k, k] each frontier node is itself
 
     def __call__(self, level: int, tokens: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
         b, k = tokens.shape
@@ -310,6 +310,7 @@ class _LevelExpander:
             parent_hidden = torch.gather(self.hidden, 1, parent_slot[..., None].expand(-1, -1, self.hidden.shape[-1]))
             if self.ancestors is None:
                 self.ancestors = torch.zeros(b, k, self.tree_mask.shape[-1], dtype=torch.bool, device=tokens.device)
+                self.eye = torch.eye(k, dtype=torch.bool, device=tokens.device).expand(b, k, k)
             else:
                 self.ancestors = torch.gather(self.ancestors, 1, parent_slot[..., None].expand_as(self.ancestors))
             self.ancestors[:, :, (level - 1) * k:level * k] = self.eye
