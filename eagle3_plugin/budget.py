@@ -25,10 +25,14 @@ measured, never assumed:
   mean times what the tree accepted over what its chain accepted in the tree's own rounds (means taken on
   different prompts would favour whichever shape ran on the easier ones).
 
-The ladder of shapes is the configured tree, the chain of its depth, and none. A shape with too few measurements
+The ladder of shapes is the configured tree, the chain of its depth, and none. A bigger shape is chosen over a
+smaller one only when it is expected to be :data:`MARGIN` faster: the estimates move by tens of percent with the
+prompts, and speculating has a cost a step's estimate does not see (requests that would have ended together finish
+at different steps, and the batch drains over a tail of small steps). A shape with too few measurements
 (:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
 not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32), is probed
-(:data:`PROBE_STEPS` steps in a row).
+(:data:`PROBE_STEPS` steps in a row); a shape probed and still not chosen waits twice as long for its next probe
+(up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses under load is not paid for every few hundred steps.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape).
 """
@@ -47,7 +51,8 @@ from .speculator import DraftKV, DraftRows, Speculator, TreeShape
 from .tree import DraftTree
 
 NONE = TreeShape(1, 1, 1)
-PROBE_EVERY = 200  # steps between probes of a shape that is not being run
+PROBE_EVERY = 200  # steps between probes of a shape that is not being run (doubled after each probe, up to the max)
+PROBE_EVERY_MAX = 3200
 PROBE_STEPS = 3  # steps a probe runs its shape (one step says little)
 FORGET = 0.95  # weight of the past per observation in the online cost fits
 MIN_OBSERVATIONS = 3
@@ -55,6 +60,7 @@ ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance me
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
+MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 
 
 @dataclass
@@ -164,6 +170,7 @@ class TreeBudget:
         self.last_run = {s: 0 for s in self.shapes}
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
+        self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
         self.steps = 0
 
     @classmethod
@@ -185,14 +192,26 @@ class TreeBudget:
         for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
             cost = self.verify_cost[s]
             unmeasured_here = cost.observations and not cost.covers(batch)
-            if self.steps - self.last_run[s] > PROBE_EVERY or (
+            if self.steps - self.last_run[s] > self.probe_every[s] or (
                     unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
+                self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
             if (self.probe_left[s] > 0 or cost.observations < MIN_OBSERVATIONS
                     or (s != NONE and self.accepted[s].rounds < MIN_ROUNDS)):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
-        return max(self.shapes, key=lambda s: self.tokens_per_second(s, batch))
+        best = self.best(batch)
+        self.probe_every[best] = PROBE_EVERY
+        return best
+
+    def best(self, batch: int) -> TreeShape:
+        """The shape expected to be fastest for ``batch`` requests, a bigger one only if :data:`MARGIN` faster than
+        the best smaller one."""
+        best = NONE
+        for s in reversed(self.shapes[:-1]):  # chain, then tree: growing
+            if self.tokens_per_second(s, batch) > MARGIN * self.tokens_per_second(best, batch):
+                best = s
+        return best
 
     def tokens_per_second(self, s: TreeShape, batch: int) -> float:
         seconds = self.verify_cost[s](batch) + self.draft_seconds(s, batch)

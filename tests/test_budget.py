@@ -5,8 +5,9 @@ costs (the tree at batch 1, no speculation under a load where verification is de
 import pytest
 import torch
 
-from eagle3_plugin.budget import (FORGET, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY, PROBE_STEPS,
-                                 ROUND_MEMORY, Line, PendingRecord, RoundMean, TreeBudget)
+from eagle3_plugin.budget import (FORGET, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY,
+                                 PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, Line, PendingRecord, RoundMean,
+                                 TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
@@ -163,3 +164,39 @@ def test_the_tree_is_judged_on_the_same_rounds_as_its_chain():
     assert ratio == pytest.approx(4 / 3, rel=0.05)
     assert budget.expected_accepted(tree) == pytest.approx(budget.accepted[chain].value * ratio)
     assert budget.expected_accepted(tree) < 0.2 and budget.shape(1) == NONE
+
+
+def test_speculation_must_be_expected_to_pay_by_the_margin():
+    """The chain accepts 2 a round; a step costs 10 ms without speculation. At a chain step of 25 ms it is expected
+    to be 1.2x faster and is chosen; at 28 ms, 1.07x: not enough to pay for what a step's estimate does not see."""
+    for chain_ms, chosen in ((25, "chain"), (28, "none")):
+        budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
+        tree, chain = budget.shapes[:2]
+        budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(chain_ms / 1e3, 0.0), NONE: fitted(0.010, 0.0)}
+        budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2))
+        budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+        ratio = budget.tokens_per_second(chain, 1) / budget.tokens_per_second(NONE, 1)
+        assert (ratio > MARGIN) == (chosen == "chain")
+        assert budget.shape(1) == {"chain": chain, "none": NONE}[chosen]
+
+
+def test_a_shape_that_keeps_losing_is_probed_ever_less_often():
+    """The tree costs 10x no speculation's step and is never chosen: its probes come after 200, 400, 800 ... steps
+    without it (capped), where a fixed interval would pay for it every 200 steps."""
+    budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(0.030, 0.0), NONE: fitted(0.010, 0.0)}
+    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2))
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    probes = []
+    for step in range(1, 8000):
+        shape = budget.shape(16)
+        if shape == tree:
+            probes.append(step)
+        budget.record(shape, shape, None, None, True, {tree: 0.100, chain: 0.030, NONE: 0.010}[shape], 0.0, 16)
+    starts = [s for i, s in enumerate(probes) if i == 0 or probes[i - 1] != s - 1]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert probes == [s + i for s in starts for i in range(PROBE_STEPS)]  # each probe: PROBE_STEPS steps in a row
+    assert gaps[:4] == [2 * PROBE_EVERY + PROBE_STEPS, 4 * PROBE_EVERY + PROBE_STEPS, 8 * PROBE_EVERY + PROBE_STEPS,
+                        PROBE_EVERY_MAX + PROBE_STEPS]
+    assert budget.shape(16) == NONE
