@@ -74,20 +74,39 @@ class DraftKV:
 @dataclass
 class DraftRows:
     """One step's new draft entries, ``B`` rows padded to ``Q``: row ``b``'s entry ``j < count[b]`` sits at draft
-    position ``start[b] + j`` and pairs ``features[b, j]`` (the target's, ``3H`` wide) with ``tokens[b, j]``, the
-    token after it; its last token is the root of the row's next tree. ``slots [B, L]``: the store slot of each
-    of the row's positions ``0 .. L - 1``, ``L >= start + count``; positions before ``start`` are already stored."""
+    position ``start[b] + j`` and pairs its target features (``3H`` wide) with ``tokens[b, j]``, the token after it;
+    its last token is the root of the row's next tree. ``slots [B, L]``: the store slot of each of the row's
+    positions ``0 .. L - 1``, ``L >= start + count``; positions before ``start`` are already stored.
+
+    ``features``: ``[B, Q, 3H]``; or, with ``feature_rows [B, Q]``, the table ``[T, 3H]`` an entry's features are
+    read from (entry ``j`` of row ``b``: ``features[feature_rows[b, j]]``), so an engine hands what its target
+    captured and nothing is copied into a padded batch (a prompt chunk beside one-token rows would make it
+    ``B x chunk`` wide) until a group of rows runs. The table must stay unchanged until the step returns."""
 
     slots: torch.Tensor
     start: torch.Tensor
     count: torch.Tensor
     tokens: torch.Tensor
     features: torch.Tensor
+    feature_rows: Optional[torch.Tensor] = None
+
+    def padded_features(self) -> torch.Tensor:
+        """``[B, Q, 3H]``."""
+        return self.features if self.feature_rows is None else self.features[self.feature_rows]
 
     def select(self, index: torch.Tensor) -> "DraftRows":
         width = int(self.count[index].max())
+        if self.feature_rows is None:
+            return DraftRows(self.slots[index], self.start[index], self.count[index], self.tokens[index, :width],
+                             self.features[index, :width])
         return DraftRows(self.slots[index], self.start[index], self.count[index], self.tokens[index, :width],
-                         self.features[index, :width])
+                         self.features, self.feature_rows[index, :width])
+
+    def owned(self) -> "DraftRows":
+        """These rows with their own padded features (nothing read from an engine's table later)."""
+        if self.feature_rows is None:
+            return self
+        return DraftRows(self.slots, self.start, self.count, self.tokens, self.padded_features())
 
     @property
     def roots(self) -> torch.Tensor:
@@ -105,7 +124,7 @@ class DraftRows:
 
         return cls(torch.cat([pad(p.slots, length) for p in parts]), torch.cat([p.start for p in parts]),
                    torch.cat([p.count for p in parts]), torch.cat([pad(p.tokens, width) for p in parts]),
-                   torch.cat([pad(p.features, width) for p in parts]))
+                   torch.cat([pad(p.padded_features(), width) for p in parts]))
 
 
 @dataclass
@@ -208,7 +227,7 @@ class Speculator:
             for index in groups:
                 self._store(kv, rows if len(groups) == 1 else rows.select(index))
             return
-        self._deferred.append(rows)
+        self._deferred.append(rows.owned())  # an engine's feature table may be reused by its next step
         if len(self._deferred) >= DEFER_STEPS:
             self.flush()
 
@@ -225,7 +244,7 @@ class Speculator:
                              torch.zeros(b, 1, extra_columns, dtype=torch.bool, device=device)], dim=2)
         mask = grouped_mask(allowed, self.draft.query_groups, rows.features.dtype)
         attention = _BufferAttention(context, context.used, mask, self.draft.attention_scale)
-        out = self.draft(rows.tokens, self.draft.fuse(rows.features), rows.start[:, None] + new, attention,
+        out = self.draft(rows.tokens, self.draft.fuse(rows.padded_features()), rows.start[:, None] + new, attention,
                          queries=(rows.count - 1)[:, None])
         context.valid[:, context.used:context.used + q] = is_new
         written = slice(context.used, context.used + q)
@@ -238,7 +257,8 @@ class Speculator:
         position (within the rotary tables)."""
         new = torch.arange(rows.tokens.shape[1], device=rows.tokens.device)
         positions = rows.start[:, None] + torch.minimum(new[None], rows.count[:, None] - 1)
-        self._write(kv, rows, *self.draft.keys_values(rows.tokens, self.draft.fuse(rows.features), positions))
+        hidden = self.draft.fuse(rows.padded_features())
+        self._write(kv, rows, *self.draft.keys_values(rows.tokens, hidden, positions))
 
     @staticmethod
     def _write(kv: DraftKV, rows: DraftRows, keys: torch.Tensor, values: torch.Tensor) -> None:

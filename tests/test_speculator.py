@@ -32,8 +32,9 @@ def histories(batch, steps, vocab, feature_size, seed=0):
     return out
 
 
-def run(speculator, rows_history, slots_per_row, params, seeds, kv):
-    """Drive ``speculator`` over the given rows together; returns the trees of every step."""
+def run(speculator, rows_history, slots_per_row, params, seeds, kv, gathered=False):
+    """Drive ``speculator`` over the given rows together; returns the trees of every step. ``gathered``: features
+    handed as an engine does, a table of the step's entries (in scrambled order) and each entry's row in it."""
     b = len(rows_history)
     start = torch.zeros(b, dtype=torch.long)
     trees = []
@@ -46,14 +47,20 @@ def run(speculator, rows_history, slots_per_row, params, seeds, kv):
         for r, (n, t, f) in enumerate(entries):
             tokens[r, :n], features[r, :n] = t, f
         count = torch.tensor([n for n, _, _ in entries])
-        rows = DraftRows(slots_per_row, start.clone(), count, tokens, features)
+        if gathered:
+            order = torch.randperm(b * q, generator=torch.Generator().manual_seed(step))
+            table = torch.empty_like(features.flatten(0, 1))
+            table[order] = features.flatten(0, 1)
+            rows = DraftRows(slots_per_row, start.clone(), count, tokens, table, order.view(b, q))
+        else:
+            rows = DraftRows(slots_per_row, start.clone(), count, tokens, features)
         trees.append(speculator.step(kv, rows, params, randoms))
         start += count
     return trees
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_batched_rows_draft_as_they_would_alone(speculator, target, temperature):
+@pytest.mark.parametrize("temperature, gathered", [(0.0, False), (0.8, False), (0.8, True)])
+def test_batched_rows_draft_as_they_would_alone(speculator, target, temperature, gathered):
     batch, steps, span = 5, 4, 80
     c = speculator.draft.config
     history = histories(batch, steps, target.config.vocab_size, 3 * c.target_hidden_size)
@@ -63,7 +70,7 @@ def test_batched_rows_draft_as_they_would_alone(speculator, target, temperature)
     params = SamplingParams.uniform(batch, temperature=temperature)
     seeds = list(range(10, 10 + batch))
     together_kv = DraftKV.allocate(batch * span, c.num_key_value_heads, c.head_dim, torch.float32)
-    together = run(speculator, history, slots, params, seeds, together_kv)
+    together = run(speculator, history, slots, params, seeds, together_kv, gathered)
     for row in range(batch):
         alone_kv = DraftKV.allocate(batch * span, c.num_key_value_heads, c.head_dim, torch.float32)
         alone = run(speculator, [history[row]], slots[row:row + 1], params.select(torch.tensor([row])),
@@ -106,8 +113,12 @@ def test_steps_without_a_tree_store_their_entries_together_exactly(speculator, t
     for rows in steps:
         speculator._store(alone, rows)
     deferred = DraftKV.allocate(64, c.num_key_value_heads, c.head_dim, torch.float32)
+    table = torch.empty(2, 3 * c.target_hidden_size)  # as an engine hands features: one table, reused each step
     for i, rows in enumerate(steps):
-        speculator.step(deferred, rows, params, shape=none)
+        table.copy_(rows.features[:, 0])
+        speculator.step(deferred, DraftRows(rows.slots, rows.start, rows.count, rows.tokens, table,
+                                            torch.arange(2)[:, None]), params, shape=none)
+        table.zero_()  # the engine's next step overwrites it: deferred entries kept their own copy
         if i == DEFER_STEPS - 2:
             assert deferred.keys.abs().sum() == 0
     assert deferred.keys[:DEFER_STEPS].abs().sum() > 0 and deferred.keys[DEFER_STEPS:32].abs().sum() == 0

@@ -130,7 +130,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         following = batch.input_ids[(src + 1).clamp(max=features.shape[0] - 1)].long()
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
-        rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features[src])
+        rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features, src)
         self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch))
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
@@ -159,7 +159,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         verified = self._drafted
         drafted, draft_seconds = self._propose(rids, DraftRows(self._slots(batch, root_position + count), root_position,
                                                                count, verdict.emitted(trees).clamp(min=0),
-                                                               self.capture.features[nodes]), params, random)
+                                                               self.capture.features, nodes), params, random)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             tree_verified = verified.total_tokens > 1

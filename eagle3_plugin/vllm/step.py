@@ -165,7 +165,7 @@ def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Te
         emitted = torch.cat([emitted, emitted.new_zeros(b, width - emitted.shape[1])], dim=1)
     tokens = torch.where(has_tree[:, None], emitted[:, :width], plain).clamp(min=0)  # padding: any valid id
     slots = block_slots(block_table, int((step.base + entries).max()), block_size)
-    return DraftRows(slots, step.base, entries, tokens, features[src])
+    return DraftRows(slots, step.base, entries, tokens, features, src)
 
 
 def _last_tokens(step: Step, runner) -> torch.Tensor:
