@@ -97,10 +97,11 @@ class DraftRows:
     def select(self, index: torch.Tensor) -> "DraftRows":
         width = int(self.count[index].max())
         if self.feature_rows is None:
-            return DraftRows(self.slots[index], self.start[index], self.count[index], self.tokens[index, :width],
-                             self.features[index, :width])
+            features, feature_rows = self.features[index, :width], None
+        else:
+            features, feature_rows = self.features, self.feature_rows[index, :width]
         return DraftRows(self.slots[index], self.start[index], self.count[index], self.tokens[index, :width],
-                         self.features, self.feature_rows[index, :width])
+                         features, feature_rows)
 
     def owned(self) -> "DraftRows":
         """These rows with their own padded features (nothing read from an engine's table later)."""
