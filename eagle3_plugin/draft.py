@@ -211,12 +211,13 @@ class DraftAttention(nn.Module):
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def _rotated(self, x, positions, first_head: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One projection of ``x`` to every head (queries, keys, values), ``[B, Q, heads, D]``: the query and key
-        heads from ``first_head`` on rotated together, and the value heads."""
+        """One projection of ``x`` to the heads from ``first_head`` on (queries, keys, values: 0 for all of them,
+        the number of query heads for keys and values only), ``[B, Q, heads, D]``: the query and key heads rotated
+        together, and the value heads."""
         c = self.c
-        heads = self.qkv(x).unflatten(-1, (-1, c.head_dim))
-        values_from = c.num_attention_heads + c.num_key_value_heads
-        return apply_rope(heads[:, :, first_head:values_from], *self.rotary.tables(positions)), heads[:, :, values_from:]
+        heads = self.qkv(x, first_output=first_head * c.head_dim).unflatten(-1, (-1, c.head_dim))
+        values_from = c.num_attention_heads + c.num_key_value_heads - first_head
+        return apply_rope(heads[:, :, :values_from], *self.rotary.tables(positions)), heads[:, :, values_from:]
 
 
 class DraftMLP(nn.Module):
@@ -241,14 +242,15 @@ class _FusedLinear:
         self.__dict__["parts"] = parts  # plain attribute: not a submodule, not in state_dict
         self._weight, self._versions = None, None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, first_output: int = 0) -> torch.Tensor:
+        """The concatenated outputs from ``first_output`` on."""
         if torch.is_grad_enabled():
-            return torch.cat([part(x) for part in self.parts], dim=-1)
+            return torch.cat([part(x) for part in self.parts], dim=-1)[..., first_output:]
         versions = _versions(*(part.weight for part in self.parts))
         if versions != self._versions:
             self._weight = torch.cat([part.weight for part in self.parts]).detach()
             self._versions = versions
-        return F.linear(x, self._weight)
+        return F.linear(x, self._weight[first_output:])
 
 
 def _versions(*tensors: torch.Tensor) -> list:

@@ -21,8 +21,10 @@ pool (vLLM's paged cache, SGLang's token pool), so the engine budgets, frees and
 the reference generator allocates one. Rows never read a slot of a position they have not written.
 
 A step that grows no tree (no speculation this step) only stores its entries' keys and values, which need no
-attention; short rows are deferred and stored together with later ones, in one forward, before the next tree is
-grown or after :data:`DEFER_STEPS` such steps. An engine calls :meth:`Speculator.flush` before a slot changes owner
+attention: the entries go flat (:class:`DraftEntries`, no padding, no rows), and are deferred and stored together
+with later ones, in one forward, before the next tree is grown, once :data:`DEFER_ENTRIES` wait, or after
+:data:`DEFER_STEPS` such steps. An engine hands them with :meth:`Speculator.store` (or as rows to
+:meth:`Speculator.step` with the one-node shape), and calls :meth:`Speculator.flush` before a slot changes owner
 (a request finished or preempted), so a deferred entry never lands in another request's slot.
 """
 
@@ -41,8 +43,9 @@ from .tree import DraftTree, build_chain, build_tree
 
 # Rows whose new entries number at most this run in one padded forward; longer ones (prompt chunks) in another.
 SHORT_ROW = 16
-# Steps without a tree whose entries are stored together (:meth:`Speculator.flush`).
-DEFER_STEPS = 8
+# Steps without a tree whose entries are stored together (:meth:`Speculator.flush`), and the most entries waiting.
+DEFER_STEPS = 16
+DEFER_ENTRIES = 256
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,26 @@ class DraftKV:
     def allocate(cls, num_slots: int, num_kv_heads: int, head_dim: int, dtype, device=None) -> "DraftKV":
         keys = torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
         return cls(keys, torch.zeros_like(keys))
+
+
+@dataclass
+class DraftEntries:
+    """Draft entries to store without attention (a step that grows no tree), flat: entry ``i`` sits at draft
+    position ``positions[i]``, in store slot ``slots[i]``, and pairs its target features ``features[i]`` (``3H``,
+    the entries' own copy: an engine's table is reused by its next step) with ``tokens[i]``."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    features: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.slots.shape[0]
+
+    @classmethod
+    def concat(cls, parts: list["DraftEntries"]) -> "DraftEntries":
+        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in ("slots", "positions", "tokens",
+                                                                               "features")))
 
 
 @dataclass
@@ -103,29 +126,18 @@ class DraftRows:
         return DraftRows(self.slots[index], self.start[index], self.count[index], self.tokens[index, :width],
                          features, feature_rows)
 
-    def owned(self) -> "DraftRows":
-        """These rows with their own padded features (nothing read from an engine's table later)."""
-        if self.feature_rows is None:
-            return self
-        return DraftRows(self.slots, self.start, self.count, self.tokens, self.padded_features())
+    def entries(self) -> DraftEntries:
+        """The new entries, flat (row by row), with their own features."""
+        new = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        is_new = new[None] < self.count[:, None]
+        positions = self.start[:, None] + new
+        slots = self.slots.gather(1, positions.clamp(max=self.slots.shape[1] - 1))
+        features = self.features[is_new] if self.feature_rows is None else self.features[self.feature_rows[is_new]]
+        return DraftEntries(slots[is_new], positions[is_new], self.tokens[is_new], features)
 
     @property
     def roots(self) -> torch.Tensor:
         return self.tokens.gather(1, (self.count - 1)[:, None])[:, 0]
-
-    @classmethod
-    def concat(cls, parts: list["DraftRows"]) -> "DraftRows":
-        """The rows of several steps as one batch, padded to the widest."""
-        width = max(p.tokens.shape[1] for p in parts)
-        length = max(p.slots.shape[1] for p in parts)
-
-        def pad(t: torch.Tensor, size: int) -> torch.Tensor:
-            extra = size - t.shape[1]
-            return t if extra == 0 else torch.cat([t, t.new_zeros(t.shape[0], extra, *t.shape[2:])], dim=1)
-
-        return cls(torch.cat([pad(p.slots, length) for p in parts]), torch.cat([p.start for p in parts]),
-                   torch.cat([p.count for p in parts]), torch.cat([pad(p.tokens, width) for p in parts]),
-                   torch.cat([pad(p.padded_features(), width) for p in parts]))
 
 
 @dataclass
@@ -180,7 +192,8 @@ class ProposedTrees:
 class Speculator:
     def __init__(self, draft: Eagle3Draft, config: Eagle3Config):
         self.draft, self.config = draft, config
-        self._deferred: list[DraftRows] = []  # steps without a tree whose entries are not stored yet
+        self._deferred: list[DraftEntries] = []  # steps without a tree whose entries are not stored yet
+        self._deferred_entries = 0
         self._deferred_to: Optional[DraftKV] = None  # the store they go to
 
     def step(self, kv: DraftKV, rows: DraftRows, params: Optional[SamplingParams], random: Optional[RowRandom] = None,
@@ -190,8 +203,8 @@ class Speculator:
         are per row."""
         shape = shape or TreeShape.of(self.config)
         self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
-        if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`flush`)
-            self._defer(kv, rows)
+        if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`store`)
+            self.store(kv, rows.entries())
             return None
         self.flush()
         tree_columns = (shape.depth - 1) * shape.top_k
@@ -212,25 +225,28 @@ class Speculator:
         return build_tree(rows.roots, self.draft.logits(root_hidden), expand, shape.depth, shape.top_k,
                           shape.total_tokens, params.temperature, sample, hot_ids, random)
 
-    def flush(self) -> None:
-        """Store every deferred entry now, in one draft forward."""
-        if self._deferred:
-            rows, self._deferred = DraftRows.concat(self._deferred), []
-            self._store(self._deferred_to, rows)
-
-    def _defer(self, kv: DraftKV, rows: DraftRows) -> None:
+    def store(self, kv: DraftKV, entries: DraftEntries) -> None:
+        """Store ``entries`` (a step that grows no tree): deferred, then stored with later ones in one forward (see
+        the module's docstring)."""
         if kv is not self._deferred_to:
             self.flush()
             self._deferred_to = kv
-        if bool((rows.count > SHORT_ROW).any()):  # a prompt chunk: stored now, each group in its own forward
+        self._deferred.append(entries)
+        self._deferred_entries += len(entries)
+        if len(self._deferred) >= DEFER_STEPS or self._deferred_entries >= DEFER_ENTRIES:
             self.flush()
-            groups = _row_groups(rows.count)
-            for index in groups:
-                self._store(kv, rows if len(groups) == 1 else rows.select(index))
+
+    def flush(self) -> None:
+        """Store every deferred entry now, in one draft forward: only their keys and values."""
+        if not self._deferred:
             return
-        self._deferred.append(rows.owned())  # an engine's feature table may be reused by its next step
-        if len(self._deferred) >= DEFER_STEPS:
-            self.flush()
+        entries = DraftEntries.concat(self._deferred)
+        self._deferred, self._deferred_entries = [], 0
+        self.draft.reserve_positions(int(entries.positions.max()) + 1)
+        keys, values = self.draft.keys_values(entries.tokens[None], self.draft.fuse(entries.features)[None],
+                                              entries.positions[None])
+        self._deferred_to.keys.index_copy_(0, entries.slots, keys[0].transpose(0, 1))
+        self._deferred_to.values.index_copy_(0, entries.slots, values[0].transpose(0, 1))
 
     def _catch_up(self, kv: DraftKV, rows: DraftRows, extra_columns: int) -> tuple[_Context, torch.Tensor]:
         """One draft forward over ``rows``' new entries, queried at each row's last one; returns the context
@@ -252,14 +268,6 @@ class Speculator:
         self._write(kv, rows, context.keys[:, :, written], context.values[:, :, written])
         context.used += q
         return context, out[:, 0]
-
-    def _store(self, kv: DraftKV, rows: DraftRows) -> None:
-        """Only the new entries' keys and values, into the store (no tree grown); padding runs at the row's last
-        position (within the rotary tables)."""
-        new = torch.arange(rows.tokens.shape[1], device=rows.tokens.device)
-        positions = rows.start[:, None] + torch.minimum(new[None], rows.count[:, None] - 1)
-        hidden = self.draft.fuse(rows.padded_features())
-        self._write(kv, rows, *self.draft.keys_values(rows.tokens, hidden, positions))
 
     @staticmethod
     def _write(kv: DraftKV, rows: DraftRows, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -98,21 +98,37 @@ def test_catch_up_only_and_smaller_shapes(speculator, target):
     assert chain.tokens.shape == (2, 4) and (chain.parents[:, 1:] == torch.arange(3)).all()
 
 
+def alone_store(draft, kv, rows):
+    """What storing ``rows`` alone gives: each row's new entries through the draft's forward, keys and values kept
+    at their slots (the plain reference of the deferred store)."""
+    from eagle3_plugin.draft import ConcatAttention
+    for b in range(rows.tokens.shape[0]):
+        n, start = int(rows.count[b]), int(rows.start[b])
+        attention = ConcatAttention(scale=draft.attention_scale)
+        draft(rows.tokens[b:b + 1, :n], draft.fuse(rows.padded_features()[b:b + 1, :n]),
+              torch.arange(start, start + n)[None], attention)
+        kv.keys[rows.slots[b, start:start + n]] = attention.keys[0].transpose(0, 1)
+        kv.values[rows.slots[b, start:start + n]] = attention.values[0].transpose(0, 1)
+
+
 def test_steps_without_a_tree_store_their_entries_together_exactly(speculator, target):
-    """Decode steps that grow no tree are stored in one forward, after DEFER_STEPS of them or on flush, with the
-    keys and values each step would have stored alone; a prompt chunk is stored at once."""
-    from eagle3_plugin.speculator import DEFER_STEPS, Speculator
+    """Steps that grow no tree are stored in one forward, after DEFER_STEPS of them, once DEFER_ENTRIES wait, or on
+    flush, with the keys and values the draft's forward gives each entry; the features are the entries' own (the
+    engine's table may change after the step)."""
+    from eagle3_plugin.speculator import DEFER_ENTRIES, DEFER_STEPS, Speculator
     speculator = Speculator(speculator.draft, speculator.config)  # nothing deferred by other tests
     c = speculator.draft.config
     g = torch.Generator().manual_seed(3)
-    steps = [DraftRows(torch.arange(64).view(2, 32), torch.tensor([i, 20 + i]), torch.ones(2, dtype=torch.long),
+    span = DEFER_STEPS + 2  # positions per row: row 0's position p in slot p, row 1's scattered after them
+    slots = torch.stack([torch.arange(span), span + torch.randperm(span, generator=g)])
+    steps = [DraftRows(slots, torch.tensor([i, i]), torch.ones(2, dtype=torch.long),
                        torch.randint(3, target.config.vocab_size, (2, 1), generator=g),
-                       torch.randn(2, 1, 3 * c.target_hidden_size, generator=g)) for i in range(DEFER_STEPS + 2)]
+                       torch.randn(2, 1, 3 * c.target_hidden_size, generator=g)) for i in range(span)]
     params, none = SamplingParams.uniform(2), TreeShape(1, 1, 1)
-    alone = DraftKV.allocate(64, c.num_key_value_heads, c.head_dim, torch.float32)
+    alone = DraftKV.allocate(2 * span, c.num_key_value_heads, c.head_dim, torch.float32)
     for rows in steps:
-        speculator._store(alone, rows)
-    deferred = DraftKV.allocate(64, c.num_key_value_heads, c.head_dim, torch.float32)
+        alone_store(speculator.draft, alone, rows)
+    deferred = DraftKV.allocate(2 * span, c.num_key_value_heads, c.head_dim, torch.float32)
     table = torch.empty(2, 3 * c.target_hidden_size)  # as an engine hands features: one table, reused each step
     for i, rows in enumerate(steps):
         table.copy_(rows.features[:, 0])
@@ -121,15 +137,19 @@ def test_steps_without_a_tree_store_their_entries_together_exactly(speculator, t
         table.zero_()  # the engine's next step overwrites it: deferred entries kept their own copy
         if i == DEFER_STEPS - 2:
             assert deferred.keys.abs().sum() == 0
-    assert deferred.keys[:DEFER_STEPS].abs().sum() > 0 and deferred.keys[DEFER_STEPS:32].abs().sum() == 0
+    assert deferred.keys[:DEFER_STEPS].abs().sum() > 0 and deferred.keys[DEFER_STEPS:span].abs().sum() == 0
     speculator.flush()
-    assert torch.allclose(deferred.keys, alone.keys, atol=1e-6) and torch.allclose(deferred.values, alone.values,
-                                                                                   atol=1e-6)
-    chunk = DraftRows(torch.arange(64).view(2, 32), torch.tensor([12, 0]), torch.tensor([1, 20]),
-                      torch.randint(3, target.config.vocab_size, (2, 20), generator=g),
-                      torch.randn(2, 20, 3 * c.target_hidden_size, generator=g))
-    speculator.step(deferred, chunk, params, shape=none)
-    assert deferred.keys[32:52].abs().sum() > 0 and deferred.keys[12].abs().sum() > 0
+    assert torch.allclose(deferred.keys, alone.keys, atol=1e-5) and torch.allclose(deferred.values, alone.values,
+                                                                                   atol=1e-5)
+    long_rows = DraftRows(torch.arange(2 * DEFER_ENTRIES).view(2, DEFER_ENTRIES), torch.tensor([12, 0]),
+                          torch.tensor([1, DEFER_ENTRIES - 1]),
+                          torch.randint(3, target.config.vocab_size, (2, DEFER_ENTRIES - 1), generator=g),
+                          torch.randn(2, DEFER_ENTRIES - 1, 3 * c.target_hidden_size, generator=g))
+    big = DraftKV.allocate(2 * DEFER_ENTRIES, c.num_key_value_heads, c.head_dim, torch.float32)
+    speculator.step(big, long_rows, params, shape=none)  # DEFER_ENTRIES wait: stored at once
+    expected = DraftKV.allocate(2 * DEFER_ENTRIES, c.num_key_value_heads, c.head_dim, torch.float32)
+    alone_store(speculator.draft, expected, long_rows)
+    assert speculator._deferred == [] and torch.allclose(big.keys, expected.keys, atol=1e-5)
 
 
 def test_proposed_trees_are_kept_per_request():

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ..sampler import SamplingParams, Verdict, verify_tree_rows
-from ..speculator import DraftRows, ProposedTrees
+from ..speculator import DraftEntries, DraftRows, ProposedTrees
 from ..tree import DraftTree
 from .paged_kv import block_slots
 from .tree_attention import TreeAttention
@@ -166,6 +166,17 @@ def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Te
     tokens = torch.where(has_tree[:, None], emitted[:, :width], plain).clamp(min=0)  # padding: any valid id
     slots = block_slots(block_table, int((step.base + entries).max()), block_size)
     return DraftRows(slots, step.base, entries, tokens, features, src)
+
+
+def draft_entries(step: Step, runner, features: torch.Tensor, block_table: torch.Tensor,
+                  block_size: int) -> DraftEntries:
+    """:func:`draft_rows`' entries, flat, for a step that grows no tree; a decode step's (one entry per row) read
+    straight from the block table, without the rows' slot tables."""
+    if step.has_trees or int(step.count.max()) != 1:
+        return draft_rows(step, runner, features, block_table, block_size).entries()
+    blocks = block_table.gather(1, (step.base // block_size)[:, None])[:, 0].long()
+    return DraftEntries(blocks * block_size + step.base % block_size, step.base, _last_tokens(step, runner),
+                        features[step.flat_start])
 
 
 def _last_tokens(step: Step, runner) -> torch.Tensor:

@@ -35,7 +35,7 @@ from ..timings import PluginTimings
 from . import paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
-from .step import Step, draft_rows, sampling_params
+from .step import Step, draft_entries, draft_rows, sampling_params
 
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -113,9 +113,12 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         return super()._update_states(scheduler_output)
 
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
-        result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         if self.eagle3 is None:
-            return result
+            return super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        if scheduler_output.scheduled_spec_decode_tokens:
+            result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        else:
+            result = self._prepare_inputs_without_drafts(scheduler_output, num_scheduled_tokens)
         began = time.perf_counter()
         if scheduler_output.has_structured_output_requests and self.eagle3.top_k > 1:
             raise RuntimeError("structured output reached the tree worker (admission should have refused it)")
@@ -125,6 +128,16 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self.timings.steps += 1
         self.timings.prepare += time.perf_counter() - began
         return result
+
+    def _prepare_inputs_without_drafts(self, scheduler_output, num_scheduled_tokens):
+        """A step without draft tokens (after one that drafted nothing, or prompts only), prepared as vLLM prepares
+        one without speculation: the same logits rows (each row's last token) without the spec-decode metadata of
+        zero drafts (~0.25 ms a step on this CPU); ``_sample`` gets None for it, as it expects of such a step."""
+        speculative_config, self.speculative_config = self.speculative_config, None
+        try:
+            return super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        finally:
+            self.speculative_config = speculative_config
 
     def _build_attention_metadata(self, *args, **kwargs):
         attn_metadata, common = super()._build_attention_metadata(*args, **kwargs)
@@ -192,13 +205,17 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         began = time.perf_counter()
         step, batch = self._step, self.input_batch
         table = batch.block_table.block_tables[self._draft_group]
-        rows = draft_rows(step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
-                          table.block_size)
         shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators))
         self.timings.drafted(shape, self.budget.shapes)
-        params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size) if shape != NONE else None
-        tree = self.speculator.step(self._draft_kv, rows, params, RowRandom(self._generator,
-                                                                            sampling_metadata.generators), shape)
+        captured = (step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
+                    table.block_size)
+        if shape == NONE:
+            self.speculator.store(self._draft_kv, draft_entries(*captured))
+            tree = None
+        else:
+            params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)
+            tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
+                                        RowRandom(self._generator, sampling_metadata.generators), shape)
         self._step = None
         self._pending.set(tree, batch.req_ids)
         if tree is None:

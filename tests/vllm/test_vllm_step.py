@@ -1,0 +1,33 @@
+"""A step that drafts nothing hands the speculator flat entries read straight from the block table: the same entries
+the general path (every row's slot table, :func:`draft_rows`) gives, for decodes and one-token prompt chunks."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from eagle3_plugin.tree import DraftTree
+from eagle3_plugin.vllm.step import Step, draft_entries, draft_rows
+
+
+def test_a_decode_steps_entries_are_its_rows_entries():
+    g = torch.Generator().manual_seed(0)
+    b, block_size, blocks_per_row = 6, 16, 8
+    base = torch.tensor([0, 15, 16, 40, 100, 127])  # first, last and next-to-a-boundary positions of blocks
+    block_table = torch.randperm(b * blocks_per_row, generator=g).view(b, blocks_per_row).int()
+    prefilling = torch.tensor([False, False, True, False, False, False])  # a one-token chunk that is not the last
+    step = Step(req_ids=list("abcdef"), base=base, flat_start=torch.arange(b), count=torch.ones(b, dtype=torch.long),
+                node_count=torch.ones(b, dtype=torch.long), prefilling=prefilling,
+                tree=DraftTree.root_only(torch.zeros(b, dtype=torch.long)), tree_attention=None)
+    step.sampled(torch.randint(3, 100, (b,), generator=g))
+    token_ids = np.random.default_rng(0).integers(3, 100, (b, 256))
+    runner = SimpleNamespace(input_ids=SimpleNamespace(cpu=torch.randint(3, 100, (b,), generator=g)),
+                             input_batch=SimpleNamespace(token_ids_cpu=token_ids))
+    features = torch.randn(b, 12, generator=g)
+
+    fast = draft_entries(step, runner, features, block_table, block_size)
+    general = draft_rows(step, runner, features, block_table, block_size).entries()
+    for name in ("slots", "positions", "tokens", "features"):
+        assert torch.equal(getattr(fast, name), getattr(general, name)), name
+    assert fast.tokens[2] == token_ids[2, base[2] + 1]  # the chunk's entry pairs with the next prompt token
+    assert fast.slots[1] == block_table[1, 0] * block_size + 15 and fast.slots[2] == block_table[2, 1] * block_size
