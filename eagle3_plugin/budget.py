@@ -28,7 +28,9 @@ measured, never assumed:
 The ladder of shapes is the configured tree, the chain of its depth, and none. A bigger shape is chosen over a
 smaller one only when it is expected to be :data:`MARGIN` faster: the estimates move by tens of percent with the
 prompts, and speculating has a cost a step's estimate does not see (requests that would have ended together finish
-at different steps, and the batch drains over a tail of small steps). A shape with too few measurements
+at different steps, and the batch drains over a tail of small steps). Once chosen, a shape is kept while it is
+expected to be faster at all (a switch has costs of its own: a step after some that drafted nothing first stores
+their entries), so estimates near the margin do not make the budget alternate. A shape with too few measurements
 (:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
 not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32), is probed
 (:data:`PROBE_STEPS` steps in a row); a shape probed and still not chosen waits twice as long for its next probe
@@ -171,6 +173,7 @@ class TreeBudget:
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
+        self.current = NONE  # the shape chosen last on merit (not a probe)
         self.steps = 0
 
     @classmethod
@@ -200,17 +203,20 @@ class TreeBudget:
                     or (s != NONE and self.accepted[s].rounds < MIN_ROUNDS)):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
-        best = self.best(batch)
+        best = self.current = self.best(batch)
         self.probe_every[best] = PROBE_EVERY
         return best
 
     def best(self, batch: int) -> TreeShape:
-        """The shape expected to be fastest for ``batch`` requests, a bigger one only if :data:`MARGIN` faster than
-        the best smaller one."""
+        """The shape expected to be fastest for ``batch`` requests; a shape bigger than the one chosen last must be
+        :data:`MARGIN` faster than the best smaller one, the one chosen last (and smaller ones) only faster: near
+        the margin the budget keeps its shape rather than switch back and forth."""
         best = NONE
-        for s in reversed(self.shapes[:-1]):  # chain, then tree: growing
-            if self.tokens_per_second(s, batch) > MARGIN * self.tokens_per_second(best, batch):
-                best = s
+        kept = self.shapes.index(self.current)  # it and the shapes after it (smaller) need no margin
+        for i in reversed(range(len(self.shapes) - 1)):  # chain, then tree: growing
+            margin = 1.0 if i >= kept else MARGIN
+            if self.tokens_per_second(self.shapes[i], batch) > margin * self.tokens_per_second(best, batch):
+                best = self.shapes[i]
         return best
 
     def tokens_per_second(self, s: TreeShape, batch: int) -> float:

@@ -180,6 +180,20 @@ def test_speculation_must_be_expected_to_pay_by_the_margin():
         assert budget.shape(1) == {"chain": chain, "none": NONE}[chosen]
 
 
+def test_a_chosen_shape_is_kept_until_it_is_expected_to_lose():
+    """Hysteresis: the chain (2 accepted a round) is chosen at 25 ms a step against no speculation's 10 (1.2x), kept
+    when it costs 28 (1.07x, under the margin), dropped at 33 (0.91x), and not taken back at 28."""
+    budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2))
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    chosen = []
+    for chain_ms in (25, 28, 33, 28):
+        budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(chain_ms / 1e3, 0.0), NONE: fitted(0.010, 0.0)}
+        chosen.append(budget.shape(1))
+    assert chosen == [chain, chain, NONE, NONE]
+
+
 def test_a_shape_that_keeps_losing_is_probed_ever_less_often():
     """The tree costs 10x no speculation's step and is never chosen: its probes come after 200, 400, 800 ... steps
     without it (capped), where a fixed interval would pay for it every 200 steps."""
