@@ -202,10 +202,10 @@ class Speculator:
         ``total_tokens == 1``: catch up only, returns None, and ``params`` may be None). ``params`` and ``random``
         are per row."""
         shape = shape or TreeShape.of(self.config)
-        self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
         if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`store`)
             self.store(kv, rows.entries())
             return None
+        self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
         self.flush()
         tree_columns = (shape.depth - 1) * shape.top_k
         groups = _row_groups(rows.count)

@@ -17,7 +17,7 @@ import torch
 from ..sampler import SamplingParams, Verdict, verify_tree_rows
 from ..speculator import DraftEntries, DraftRows, ProposedTrees
 from ..tree import DraftTree
-from .paged_kv import block_slots
+from .paged_kv import block_slots, position_slots
 from .tree_attention import TreeAttention
 
 
@@ -55,6 +55,11 @@ class Step:
     def has_trees(self) -> bool:
         """Whether any row verifies draft tokens (else every row is a plain decode or prompt chunk)."""
         return self.tree.size > 1 and bool((self.node_count > 1).any())
+
+    @cached_property
+    def one_entry_per_row(self) -> bool:
+        """Whether every row ran one token and verified no tree (a plain decode step): one draft entry each."""
+        return not self.has_trees and int(self.count.max()) == 1
 
     @classmethod
     def build(cls, runner, scheduler_output, num_scheduled_tokens, pending: ProposedTrees) -> "Step":
@@ -144,7 +149,7 @@ def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Te
     it emitted; any other row's query tokens paired with the next token (the one it emitted, or the next prompt
     token for a prompt chunk that is not the last)."""
     verdict, b = step.verdict, step.num_reqs
-    if not step.has_trees and int(step.count.max()) == 1:  # one token per row (a decode step): one entry each
+    if step.one_entry_per_row:
         slots = block_slots(block_table, int(step.base.max()) + 1, block_size)
         return DraftRows(slots, step.base, step.count, _last_tokens(step, runner)[:, None],
                          features[step.flat_start][:, None])
@@ -172,10 +177,9 @@ def draft_entries(step: Step, runner, features: torch.Tensor, block_table: torch
                   block_size: int) -> DraftEntries:
     """:func:`draft_rows`' entries, flat, for a step that grows no tree; a decode step's (one entry per row) read
     straight from the block table, without the rows' slot tables."""
-    if step.has_trees or int(step.count.max()) != 1:
+    if not step.one_entry_per_row:
         return draft_rows(step, runner, features, block_table, block_size).entries()
-    blocks = block_table.gather(1, (step.base // block_size)[:, None])[:, 0].long()
-    return DraftEntries(blocks * block_size + step.base % block_size, step.base, _last_tokens(step, runner),
+    return DraftEntries(position_slots(block_table, step.base, block_size), step.base, _last_tokens(step, runner),
                         features[step.flat_start])
 
 
