@@ -195,7 +195,9 @@ class Speculator:
         self._deferred: list[DraftEntries] = []  # steps without a tree whose entries are not stored yet
         self._deferred_entries = 0
         self._deferred_to: Optional[DraftKV] = None  # the store they go to
+        self._workspace = _Workspace()
 
+    @torch.no_grad()  # drafting never trains: no graph, and the workspace's gathers write in place
     def step(self, kv: DraftKV, rows: DraftRows, params: Optional[SamplingParams], random: Optional[RowRandom] = None,
              shape: Optional[TreeShape] = None) -> Optional[DraftTree]:
         """Catch every row up on its new entries, then grow each row's tree of ``shape`` (default: the config's;
@@ -236,6 +238,7 @@ class Speculator:
         if len(self._deferred) >= DEFER_STEPS or self._deferred_entries >= DEFER_ENTRIES:
             self.flush()
 
+    @torch.no_grad()
     def flush(self) -> None:
         """Store every deferred entry now, in one draft forward: only their keys and values."""
         if not self._deferred:
@@ -279,20 +282,42 @@ class Speculator:
         kv.keys.index_copy_(0, slots, keys.transpose(1, 2)[is_new])
         kv.values.index_copy_(0, slots, values.transpose(1, 2)[is_new])
 
-    @staticmethod
-    def _stored_context(kv: DraftKV, slots: torch.Tensor, length: torch.Tensor, extra_columns: int) -> _Context:
-        """Each row's stored positions ``0 .. length - 1`` read into a buffer with ``extra_columns`` more."""
-        b = slots.shape[0]
-        width = int(length.max())
-        heads, d = kv.keys.shape[1:]
-        keys = kv.keys.new_zeros(b, heads, width + extra_columns, d)
-        values = torch.zeros_like(keys)
-        stored = slots[:, :width]
-        keys[:, :, :width] = kv.keys[stored].transpose(1, 2)
-        values[:, :, :width] = kv.values[stored].transpose(1, 2)
-        valid = torch.zeros(b, width + extra_columns, dtype=torch.bool, device=slots.device)
+    def _stored_context(self, kv: DraftKV, slots: torch.Tensor, length: torch.Tensor, extra_columns: int) -> _Context:
+        """Each row's stored positions ``0 .. length - 1`` read into a buffer with ``extra_columns`` more (holding
+        stale values until written: masked until then)."""
+        b, width = slots.shape[0], int(length.max())
+        columns = width + extra_columns
+        index = slots[:, :width]
+        if extra_columns:  # any slot: the columns are masked until the step writes them
+            index = torch.cat([index, slots[:, :1].expand(b, extra_columns)], dim=1)
+        keys, values = self._workspace.gather(kv, index.flatten())
+        valid = torch.zeros(b, columns, dtype=torch.bool, device=slots.device)
         valid[:, :width] = torch.arange(width, device=slots.device)[None] < length[:, None]
-        return _Context(keys, values, valid, width)
+        return _Context(keys.view(b, columns, *keys.shape[1:]).transpose(1, 2),
+                        values.view(b, columns, *values.shape[1:]).transpose(1, 2), valid, width)
+
+
+class _Workspace:
+    """Where a step's context is gathered: two buffers kept from step to step and grown when a step needs more.
+    A context is megabytes under load; fresh tensors of that size each step cost more in page faults on a CPU than
+    the gather itself."""
+
+    def __init__(self):
+        self.keys: Optional[torch.Tensor] = None
+        self.values: Optional[torch.Tensor] = None
+
+    def gather(self, kv: DraftKV, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv``'s keys and values at slots ``index [N]``, ``[N, H_kv, D]`` each, views of the buffers (valid until
+        the next call)."""
+        n = index.shape[0]
+        if self.keys is None or self.keys.shape[0] < n or self.keys.shape[1:] != kv.keys.shape[1:] \
+                or self.keys.dtype != kv.keys.dtype or self.keys.device != kv.keys.device:
+            self.keys = kv.keys.new_empty(max(n, 2 * (0 if self.keys is None else self.keys.shape[0])),
+                                          *kv.keys.shape[1:])
+            self.values = torch.empty_like(self.keys)
+        keys = torch.index_select(kv.keys, 0, index, out=self.keys[:n])
+        values = torch.index_select(kv.values, 0, index, out=self.values[:n])
+        return keys, values
 
 
 class _BufferAttention:
