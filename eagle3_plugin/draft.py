@@ -121,7 +121,7 @@ class Rotary:
             sin = angles.sin()
             table = self._tables[positions.device] = torch.stack(
                 [torch.cat([angles.cos()] * 2, -1), torch.cat([-sin, sin], -1)], dim=1)  # [P, 2, D]
-        cos_sin = table[positions]  # [B, Q, 2, D]
+        cos_sin = table.index_select(0, positions.flatten()).view(*positions.shape, 2, -1)  # [B, Q, 2, D]
         return cos_sin[:, :, 0:1], cos_sin[:, :, 1:2]
 
 

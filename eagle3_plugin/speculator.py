@@ -115,7 +115,9 @@ class DraftRows:
 
     def padded_features(self) -> torch.Tensor:
         """``[B, Q, 3H]``."""
-        return self.features if self.feature_rows is None else self.features[self.feature_rows]
+        if self.feature_rows is None:
+            return self.features
+        return self.features.index_select(0, self.feature_rows.flatten()).view(*self.feature_rows.shape, -1)
 
     def select(self, index: torch.Tensor) -> "DraftRows":
         width = int(self.count[index].max())
@@ -283,12 +285,12 @@ class Speculator:
         kv.values.index_copy_(0, slots, values.transpose(1, 2)[is_new])
 
     def _stored_context(self, kv: DraftKV, slots: torch.Tensor, length: torch.Tensor, extra_columns: int) -> _Context:
-        """Each row's stored positions ``0 .. length - 1`` read into a buffer with ``extra_columns`` more (holding
-        stale values until written: masked until then)."""
+        """Each row's stored positions ``0 .. length - 1`` read into the workspace with ``extra_columns`` more (copies
+        of position 0 until the step writes them; masked until then)."""
         b, width = slots.shape[0], int(length.max())
         columns = width + extra_columns
         index = slots[:, :width]
-        if extra_columns:  # any slot: the columns are masked until the step writes them
+        if extra_columns:
             index = torch.cat([index, slots[:, :1].expand(b, extra_columns)], dim=1)
         keys, values = self._workspace.gather(kv, index.flatten())
         valid = torch.zeros(b, columns, dtype=torch.bool, device=slots.device)
@@ -310,10 +312,11 @@ class _Workspace:
         """``kv``'s keys and values at slots ``index [N]``, ``[N, H_kv, D]`` each, views of the buffers (valid until
         the next call)."""
         n = index.shape[0]
-        if self.keys is None or self.keys.shape[0] < n or self.keys.shape[1:] != kv.keys.shape[1:] \
-                or self.keys.dtype != kv.keys.dtype or self.keys.device != kv.keys.device:
-            self.keys = kv.keys.new_empty(max(n, 2 * (0 if self.keys is None else self.keys.shape[0])),
-                                          *kv.keys.shape[1:])
+        fits = self.keys is not None and self.keys.shape[0] >= n and self.keys.shape[1:] == kv.keys.shape[1:] \
+            and self.keys.dtype == kv.keys.dtype and self.keys.device == kv.keys.device
+        if not fits:  # doubling: a context grows by a few columns a step
+            size = n if self.keys is None else max(n, 2 * self.keys.shape[0])
+            self.keys = kv.keys.new_empty(size, *kv.keys.shape[1:])
             self.values = torch.empty_like(self.keys)
         keys = torch.index_select(kv.keys, 0, index, out=self.keys[:n])
         values = torch.index_select(kv.values, 0, index, out=self.values[:n])
