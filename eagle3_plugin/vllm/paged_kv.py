@@ -43,12 +43,6 @@ def key_value_caches(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return keys, values
 
 
-def slots_of(block_row: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """Slots of positions ``0 .. length - 1`` of the request whose block-table row is ``block_row``."""
-    positions = torch.arange(length, device=block_row.device)
-    return block_row[positions // block_size].long() * block_size + positions % block_size
-
-
 def gather(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values at ``slots [n]``, each ``[n, heads, head_size]``."""
     keys, values = key_value_caches(kv_cache)
