@@ -4,7 +4,8 @@ Used by the vLLM tests, which start it with different ``VLLM_PLUGINS`` settings 
 process). Arguments: one JSON object on standard input (see ``main``). ``prompts`` is one batch;
 ``batches`` several, each its own ``generate`` call, with the counters of that call alone. ``engine``: more
 ``LLM`` arguments (prefix caching, block size, a KV budget). ``sampling``: one dict of sampling settings
-(temperature, top_k, top_p) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``.
+(temperature, top_k, top_p) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``; a
+batch of ``batches`` may be ``{"prompts": [...], "sampling": [...]}`` to carry its own.
 ``shape_cycle``: our worker's tree shapes forced step by step, cycling through this list (each ``"tree"`` or
 ``"none"``) in place of its budget's choice; ``defer_steps``: the speculator's ``DEFER_STEPS`` (1: steps without a
 tree store their entries at once). With either, the engine runs in this process, where the overrides apply.
@@ -64,14 +65,16 @@ def main() -> None:
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
     common = dict(max_tokens=spec["max_tokens"], ignore_eos=True, seed=spec.get("request_seed"))
-    if spec.get("sampling"):
-        params = [SamplingParams(**row, **common) for row in spec["sampling"]]
-    else:
-        params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0), **common)
     results = []
-    for batch in spec.get("batches") or [spec["prompts"]]:
+    for batch in spec.get("batches") or [dict(prompts=spec["prompts"], sampling=spec.get("sampling"))]:
+        batch = batch if isinstance(batch, dict) else dict(prompts=batch)
+        if batch.get("sampling"):
+            params = [SamplingParams(**row, **common) for row in batch["sampling"]]
+        else:
+            params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0), **common)
         before = spec_counters(llm)
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False)
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch["prompts"]], params,
+                               use_tqdm=False)
         results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
                         "metrics": difference(spec_counters(llm), before)})
     print("RESULT " + json.dumps(results[0] if "prompts" in spec else {"batches": results}))

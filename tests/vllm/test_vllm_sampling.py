@@ -20,28 +20,44 @@ def prompts():
     return group_prompts()
 
 
-def speculate(worker: str, prompts: list, sampling: list, plugins: str = "eagle3") -> list:
-    spec = dict(target=TARGET, prompts=prompts, sampling=sampling, max_tokens=LENGTH)
+def speculate(worker: str, batches: list, plugins: str = "eagle3") -> list:
+    """Each batch (``{"prompts", "sampling"}``) generated in turn by one engine: a list of generations per batch."""
+    spec = dict(target=TARGET, batches=batches, max_tokens=LENGTH)
     spec.update(CHAIN if worker == "native-chain" else dict(speculative_config=TREE.to_dict()))
-    out = run_llm(spec, plugins=plugins)
-    assert out["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0
-    return out["tokens"]
+    out = run_llm(spec, plugins=plugins)["batches"]
+    assert all(batch["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0 for batch in out)
+    return [batch["tokens"] for batch in out]
+
+
+def at_temperature_1(prompts) -> dict:
+    return dict(prompts=[prompts["T=1"]] * N, sampling=[GROUPS["T=1"][1]] * N)
+
+
+@pytest.fixture(scope="module")
+def generations(prompts):
+    """Per worker, one engine (one start-up) generates both tests' batches: T = 1 alone, then the mixed batch."""
+    made = {}
+
+    def get(worker):
+        if worker not in made:
+            order = mixed_order()
+            mixed = dict(prompts=[prompts[g] for g in order], sampling=[GROUPS[g][1] for g in order])
+            made[worker] = dict(zip(("T=1", "mixed"), speculate(worker, [at_temperature_1(prompts), mixed])))
+        return made[worker]
+    return get
 
 
 @pytest.mark.parametrize("worker", ["native-chain", "our-tree"])
-def test_four_tokens_at_temperature_1_have_the_target_law(prompts, worker):
-    generations = speculate(worker, [prompts["T=1"]] * N, [GROUPS["T=1"][1]] * N)
-    assert group_pvalue(prompts, "T=1", generations) > 1e-3
+def test_four_tokens_at_temperature_1_have_the_target_law(prompts, generations, worker):
+    assert group_pvalue(prompts, "T=1", generations(worker)["T=1"]) > 1e-3
 
 
 @pytest.mark.parametrize("worker", ["native-chain", "our-tree"])
-def test_a_mixed_batch_gives_each_row_its_own_law(prompts, worker):
-    order = mixed_order()
-    generations = speculate(worker, [prompts[g] for g in order], [GROUPS[g][1] for g in order])
-    pvalues = mixed_pvalues(prompts, order, generations)
+def test_a_mixed_batch_gives_each_row_its_own_law(prompts, generations, worker):
+    pvalues = mixed_pvalues(prompts, mixed_order(), generations(worker)["mixed"])
     assert all(p > 1e-3 for p in pvalues.values()), pvalues
 
 
 def test_stock_vllm_cpu_fails_the_same_test(prompts):
-    generations = speculate("native-chain", [prompts["T=1"]] * N, [GROUPS["T=1"][1]] * N, plugins="")
+    (generations,) = speculate("native-chain", [at_temperature_1(prompts)], plugins="")
     assert group_pvalue(prompts, "T=1", generations) < 1e-6
