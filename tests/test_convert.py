@@ -5,6 +5,8 @@ import errno
 import json
 import os
 import pickle
+import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -199,7 +201,8 @@ def test_disk_full_leaves_nothing(tmp_path, capsys, src, monkeypatch):
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(weights.struct, "pack", full)
+    # the writer's own view of struct, not the module every other user (pytest-xdist's channel too) shares
+    monkeypatch.setattr(weights, "struct", SimpleNamespace(pack=full, unpack=struct.unpack, error=struct.error))
     refused(tmp_path, capsys, src, "writing failed ([Errno 28] No space left on device); nothing was written")
 
 
