@@ -201,7 +201,7 @@ def test_disk_full_leaves_nothing(tmp_path, capsys, src, monkeypatch):
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
-    # the writer's own view of struct, not the module every other user (pytest-xdist's channel too) shares
+    # the writer's own view of struct, not the module every other user in this process shares
     monkeypatch.setattr(weights, "struct", SimpleNamespace(pack=full, unpack=struct.unpack, error=struct.error))
     refused(tmp_path, capsys, src, "writing failed ([Errno 28] No space left on device); nothing was written")
 
