@@ -128,7 +128,7 @@ class Rotary:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [B, Q, H, D]`` by the tables of :meth:`Rotary.tables`: ``x cos + rotate_half(x) sin``, with
     rotate-half's sign already in ``sin`` (exactly the same numbers)."""
-    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    swapped = x.roll(x.shape[-1] // 2, -1)  # [x2, x1]: the halves swapped
     if x.dtype == torch.float32:
         return x * cos + swapped * sin
     return (x.float() * cos + swapped.float() * sin).to(x.dtype)
@@ -250,7 +250,7 @@ class _FusedLinear:
         if versions != self._versions:
             self._weight = torch.cat([part.weight for part in self.parts]).detach()
             self._versions = versions
-        return F.linear(x, self._weight[first_output:])
+        return F.linear(x, self._weight[first_output:] if first_output else self._weight)
 
 
 def _versions(*tensors: torch.Tensor) -> list:

@@ -14,6 +14,7 @@ the recursive rejection sampler relies on both.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
@@ -160,12 +161,12 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     sample = bool(sampled_rows.any())  # no row samples: plain cumulative log-probabilities, no draft_probs
     scaled = bool((temperature > 0).any())
 
-    cand_tokens, cand_parent, cand_score, cand_depth, cand_slot = [], [], [], [], []
+    cand_tokens, cand_score = [], []  # per level, its candidates: k_prev * top_k, parent-major
+    fronts = []  # per level but the last, the candidate index of each frontier node, in slot order
     expanded_probs = []  # per expanded node (root first), the draft distribution over its children
-    # Frontier state: cumulative log-prob phi, perturbed score g, candidate index, slot among expanded.
+    # Frontier state: cumulative log-prob phi, perturbed score g (sampled trees), their candidate indices.
     phi = torch.zeros(b, 1, device=device)
     g = torch.zeros(b, 1, device=device)
-    front_cand = torch.full((b, 1), -1, dtype=torch.long, device=device)
     logits = root_logits[:, None, :]
     n_cand = 0
     for level in range(1, depth + 1):
@@ -182,27 +183,31 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
             top_phi, top_ids = _stable_topk(child_phi, top_k)
             score = top_phi.flatten(1)
         k_prev = logits.shape[1]
-        parents = front_cand[:, :, None].expand(-1, -1, top_k).flatten(1)
         cand_tokens.append(hot_ids[top_ids.flatten(1)])
-        cand_parent.append(parents)
         cand_score.append(score)
-        cand_depth.append(torch.full_like(parents, level))
-        cand_slot.append(torch.full_like(parents, -1))
         if level == depth:
             break
-        # Next frontier: the level's top_k candidates by score (for level 1 that is all of them).
-        order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :top_k]
-        slot_base = 1 + (level - 1) * top_k
-        cand_slot[-1][rows[:, None], order] = slot_base + torch.arange(top_k, device=device)
-        phi = torch.gather(top_phi.flatten(1), 1, order)
-        g = torch.gather(score, 1, order)
-        front_cand = n_cand + order
-        front_tokens = torch.gather(cand_tokens[-1], 1, order)
-        logits = expand(level, front_tokens, order // top_k)
+        # Next frontier: the level's top_k candidates by score. At level 1 that is all of them, already in score
+        # order (a stable top-k) unless sampled scores reorder them.
+        if level == 1 and not sample:
+            front_cand, front_tokens = _tree_index(depth, top_k, device).first_front.expand(b, -1), cand_tokens[-1]
+            parent_slot = torch.zeros_like(front_cand)
+            phi = score
+        else:
+            order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :top_k]
+            front_cand, front_tokens = n_cand + order, torch.gather(cand_tokens[-1], 1, order)
+            parent_slot = order // top_k
+            phi = torch.gather(top_phi.flatten(1), 1, order)
+            if sample:
+                g = torch.gather(score, 1, order)
+        fronts.append(front_cand)
+        logits = expand(level, front_tokens, parent_slot)
         n_cand += k_prev * top_k
 
-    tokens, parent, score, depths, slot = (torch.cat(x, dim=1) for x in
-                                           (cand_tokens, cand_parent, cand_score, cand_depth, cand_slot))
+    index = _tree_index(depth, top_k, device)
+    tokens, score = torch.cat(cand_tokens, dim=1), torch.cat(cand_score, dim=1)
+    fronts = torch.cat(fronts, dim=1) if fronts else torch.zeros(b, 0, dtype=torch.long, device=device)
+    parent = torch.cat([index.root_children.expand(b, -1), fronts.gather(1, index.parent_front.expand(b, -1))], 1)
     keep = torch.sort(torch.sort(score, dim=1, descending=True, stable=True).indices[:, :total_tokens - 1],
                       dim=1).values  # creation order: topological, siblings in sampling order
     node_of_cand = torch.full_like(parent, -1)
@@ -213,17 +218,45 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     tree = DraftTree(
         tokens=torch.cat([root_tokens[:, None], torch.gather(tokens, 1, keep)], dim=1),
         parents=torch.cat([torch.full((b, 1), -1, dtype=torch.long, device=device), parent_node], dim=1),
-        depths=torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.gather(depths, 1, keep)], 1),
+        depths=torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device),
+                          index.depths.expand(b, -1).gather(1, keep)], 1),
     )
     if not bool((tree.parents[:, 1:] >= 0).all()):
         raise RuntimeError("draft tree: a kept node's parent was dropped (ancestor closure broken)")
     if sample:
         probs = torch.cat(expanded_probs, dim=1)  # [B, E, Vd]
+        slot = torch.full_like(parent, -1).scatter_(1, fronts, index.front_slots.expand(b, -1))
         node_slot = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), torch.gather(slot, 1, keep)], 1)
         tree.draft_probs = torch.gather(probs, 1, node_slot.clamp(min=0)[..., None].expand(-1, -1, vd))
         tree.draft_probs[node_slot < 0] = 0.0  # never expanded: no children
         tree.hot_ids = hot_ids
     return tree
+
+
+@dataclass(frozen=True)
+class _TreeIndex:
+    """What every tree of one ``(depth, top_k)`` shares, by candidate (level by level, parent-major: level 1's
+    ``top_k``, then ``top_k * top_k`` per level): ``depths``, ``[1, C]``; ``root_children``, ``[1, top_k]`` of -1
+    (level 1's parent is the root); ``parent_front``, ``[1, C - top_k]``: for each later candidate, its parent's
+    index among the frontier nodes of all levels (``top_k`` per level); ``front_slots``, ``[1, F]``: each frontier
+    node's slot among expanded nodes (the root is slot 0); ``first_front``, ``[1, top_k]``: level 1's frontier
+    (all its candidates, in order)."""
+
+    depths: torch.Tensor
+    root_children: torch.Tensor
+    parent_front: torch.Tensor
+    front_slots: torch.Tensor
+    first_front: torch.Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_index(depth: int, top_k: int, device: torch.device) -> _TreeIndex:
+    per_level = [top_k] + [top_k * top_k] * (depth - 1)
+    depths = torch.repeat_interleave(torch.arange(1, depth + 1), torch.tensor(per_level))
+    parent_front = torch.arange((depth - 1) * top_k).repeat_interleave(top_k)
+    fronts = (depth - 1) * top_k
+    return _TreeIndex(*(t[None].to(device) for t in (depths, torch.full((top_k,), -1), parent_front,
+                                                      torch.arange(1, fronts + 1), torch.arange(top_k))))
 
 
 def build_chain(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: ExpandFn, depth: int,
