@@ -1,6 +1,6 @@
 """The real SGLang 0.5.23 server on this CPU (``.venv-sglang`` + tests/sglang_support), greedy, 8 prompts x 48
-tokens, one ``compare_greedy.py`` run: no speculation, stock EAGLE-3 (eagle3-plugin left out) and EAGLE-3 with
-eagle3-plugin, chain 5 and tree 5/8/32 (fixed budget), and the bundled ``eagle3.json`` alone (auto budget).
+tokens, one ``compare_greedy.py`` run: no speculation, stock EAGLE-3's chain (eagle3-plugin left out) and EAGLE-3
+with eagle3-plugin, chain 5 and tree 5/8/32 (fixed budget), and the bundled ``eagle3.json`` alone (auto budget).
 
 - Every setting's outputs equal SGLang without speculation, which equal the core's reference generator.
 - With eagle3-plugin and the fixed budget, chain and tree accept exactly what the reference generator accepts
@@ -8,8 +8,8 @@ eagle3-plugin, chain 5 and tree 5/8/32 (fixed budget), and the bundled ``eagle3.
   shape, our chain the draft converted to SGLang's layout.
 - The auto budget (the default) drafts the tree, its chain and nothing in turn as it measures them (steps
   verifying 32, 6 and 1 tokens), and its outputs stay identical.
-- Stock SGLang's chain matches the reference too; its tree drafts attend to slot positions rather than true
-  ancestors for top_k > 1, so its acceptance may differ slightly: reported, required to beat the chain.
+- Stock SGLang's chain, on the draft converted to SGLang's layout, matches the reference too. (Stock SGLang's tree
+  is left out: it would test SGLang, not us; ``benchmarks/sglang_speculation.py`` still measures it.)
 """
 
 import json
@@ -27,6 +27,7 @@ from eagle3_plugin.sampler import SamplingParams
 from sglang_env import COMPARE, SGLANG_PYTHON
 
 MAX_NEW_TOKENS = 48
+SETTINGS = ("none", "stock-chain", "chain", "tree", "auto")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def report(prompts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sglang")
     (tmp / "ids.json").write_text(json.dumps(prompts))
     proc = subprocess.run([SGLANG_PYTHON, COMPARE, "--prompt-ids", str(tmp / "ids.json"), "--max-new-tokens",
-                           str(MAX_NEW_TOKENS), "--log-dir", str(tmp), "--out", str(tmp / "report.json")],
+                           str(MAX_NEW_TOKENS), "--settings", ",".join(SETTINGS), "--log-dir", str(tmp),
+                           "--out", str(tmp / "report.json")],
                           capture_output=True, text=True, timeout=1500)
     assert (tmp / "report.json").exists(), proc.stderr[-4000:]
     return json.loads((tmp / "report.json").read_text())
@@ -68,7 +70,7 @@ def tree_reference(prompts):
 
 def test_every_setting_is_identical_to_sglang_without_speculation_and_to_the_reference(report, chain_reference):
     assert report["none"]["outputs"] == chain_reference[1]
-    for name in ("stock-chain", "stock-tree", "chain", "tree", "auto"):
+    for name in SETTINGS[1:]:
         assert report[name]["identical_to_reference"], name
 
 
@@ -84,8 +86,7 @@ def test_with_the_plugin_acceptance_equals_the_reference_generator(report, name,
     assert (report[name]["verify_rounds"], report[name]["accepted_drafts"]) == (stats.rounds, stats.accepted_tokens)
 
 
-def test_stock_sglang_chain_matches_the_reference_and_its_tree_beats_its_chain(report, chain_reference):
+def test_stock_sglang_chain_on_the_converted_draft_matches_the_reference(report, chain_reference):
     stats = chain_reference[0]
     assert (report["stock-chain"]["verify_rounds"], report["stock-chain"]["accepted_drafts"]) == (
         stats.rounds, stats.accepted_tokens)
-    assert report["stock-tree"]["mean_acceptance_length"] > 1.15 * report["stock-chain"]["mean_acceptance_length"]
