@@ -57,6 +57,22 @@ def test_chain_is_the_top_k_1_tree():
         assert (tree.tokens[:, i] == toy.draft[tree.tokens[:, i - 1]].argmax(-1)).all()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_one_level_tree_is_the_roots_best_children(temperature):
+    """Depth 1 expands only the root: its ``total - 1`` children, best first (greedy), or drawn without replacement
+    with the root's draft distribution kept (sampled)."""
+    toy = Bigram(vocab=30, draft_vocab=25, seed=4)
+    tree = build(toy, 3, depth=1, top_k=4, total=4, temperature=temperature, sample=temperature > 0)
+    assert (tree.parents[:, 1:] == 0).all() and (tree.depths[:, 1:] == 1).all()
+    assert all(len(set(row)) == 3 for row in tree.tokens[:, 1:].tolist())
+    if temperature == 0.0:
+        best = toy.draft[tree.tokens[:, 0]].topk(3, dim=-1).indices
+        assert (tree.tokens[:, 1:] == toy.hot_ids[best]).all()
+    else:
+        assert torch.allclose(tree.draft_probs[:, 0].sum(-1), torch.ones(3), atol=1e-5)
+        assert (tree.draft_probs[:, 1:] == 0).all()  # leaves: never expanded
+
+
 def test_masks_and_paths():
     toy = Bigram(vocab=40, draft_vocab=40, seed=4)
     tree = build(toy, 2, depth=3, top_k=2, total=7, temperature=1.0, sample=True)
