@@ -161,6 +161,7 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     sample = bool(sampled_rows.any())  # no row samples: plain cumulative log-probabilities, no draft_probs
     scaled = bool((temperature > 0).any())
 
+    index = _tree_index(depth, top_k, device)
     cand_tokens, cand_score = [], []  # per level, its candidates: k_prev * top_k, parent-major
     fronts = []  # per level but the last, the candidate index of each frontier node, in slot order
     expanded_probs = []  # per expanded node (root first), the draft distribution over its children
@@ -190,7 +191,7 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
         # Next frontier: the level's top_k candidates by score. At level 1 that is all of them, already in score
         # order (a stable top-k) unless sampled scores reorder them.
         if level == 1 and not sample:
-            front_cand, front_tokens = _tree_index(depth, top_k, device).first_front.expand(b, -1), cand_tokens[-1]
+            front_cand, front_tokens = index.first_front.expand(b, -1), cand_tokens[-1]
             parent_slot = torch.zeros_like(front_cand)
             phi = score
         else:
@@ -204,7 +205,6 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
         logits = expand(level, front_tokens, parent_slot)
         n_cand += k_prev * top_k
 
-    index = _tree_index(depth, top_k, device)
     tokens, score = torch.cat(cand_tokens, dim=1), torch.cat(cand_score, dim=1)
     fronts = torch.cat(fronts, dim=1) if fronts else torch.zeros(b, 0, dtype=torch.long, device=device)
     parent = torch.cat([index.root_children.expand(b, -1), fronts.gather(1, index.parent_front.expand(b, -1))], 1)
