@@ -12,7 +12,10 @@ Every engine integration, the reference generator and the statistical tests call
 - ``method="one_hot"`` (T > 0): the draft treated as deterministic, as EAGLE and SGLang do: accept ``x``
   with ``p(x)``, else ``p <- norm(p with x removed)``. Lossless for any tree, lower acceptance.
 
-``p`` is the target distribution after temperature, top-k and top-p, in that order.
+``p`` is the target distribution after temperature, top-k and top-p, the way the serving engine filters
+(:data:`FilterOrder`): vLLM and HF transformers apply top-p to what top-k kept, renormalised ("sequential");
+SGLang applies both to the temperature-scaled distribution at once ("joint", its torch and flashinfer samplers).
+Lossless means the engine's own law, so each engine's shim names its order.
 """
 
 from __future__ import annotations
@@ -26,29 +29,36 @@ from .rng import as_row_random
 from .tree import DraftTree
 
 Method = Literal["real", "one_hot"]
+FilterOrder = Literal["sequential", "joint"]
 
 
 @dataclass
 class SamplingParams:
-    """Per-row sampling settings: ``temperature [B]`` (0 = greedy), ``top_k [B]`` (0 = off), ``top_p [B]``."""
+    """Per-row sampling settings: ``temperature [B]`` (0 = greedy), ``top_k [B]`` (0 = off), ``top_p [B]``; and
+    the engine's ``filter_order`` for top-k with top-p (see the module docstring)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    filter_order: FilterOrder = "sequential"
+
+    def __post_init__(self):
+        if self.filter_order not in ("sequential", "joint"):
+            raise ValueError(f"unknown top-k/top-p filter order {self.filter_order!r}")
 
     @classmethod
     def uniform(cls, batch: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                device=None) -> "SamplingParams":
+                device=None, filter_order: FilterOrder = "sequential") -> "SamplingParams":
         return cls(torch.full((batch,), float(temperature), device=device),
                    torch.full((batch,), int(top_k), dtype=torch.long, device=device),
-                   torch.full((batch,), float(top_p), device=device))
+                   torch.full((batch,), float(top_p), device=device), filter_order)
 
     @property
     def greedy(self) -> torch.Tensor:
         return self.temperature <= 0
 
     def select(self, rows: torch.Tensor) -> "SamplingParams":
-        return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+        return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.filter_order)
 
 
 @dataclass
@@ -79,11 +89,22 @@ class Verdict:
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """``logits [B, ..., V]`` -> probabilities; greedy rows become one-hot at the argmax."""
-    b, v = logits.shape[0], logits.shape[-1]
-    shape = (b,) + (1,) * (logits.dim() - 1)
+    shape = (logits.shape[0],) + (1,) * (logits.dim() - 1)
     logits = logits.float()
     t = torch.where(params.greedy, torch.ones_like(params.temperature), params.temperature).view(shape)
     scaled = logits / t
+    if params.filter_order == "joint":
+        probs = _joint_top_k_top_p(torch.softmax(scaled, dim=-1), params, shape)
+    else:
+        probs = _sequential_top_k_top_p(scaled, params, shape)
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(params.greedy.view(shape), one_hot, probs)
+
+
+def _sequential_top_k_top_p(scaled: torch.Tensor, params: SamplingParams, shape: tuple) -> torch.Tensor:
+    """vLLM's and HF's order: top-k on the scaled logits (ties at the k-th value all stay), softmax, then the
+    shortest prefix by probability whose mass reaches top_p (ties: the lower id first)."""
+    v = scaled.shape[-1]
     if bool((params.top_k > 0).any()):
         k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
         kth = torch.gather(torch.sort(scaled, dim=-1, descending=True).values, -1,
@@ -95,8 +116,22 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p.view(shape)  # mass before it reaches top_p
         probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
-    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.where(params.greedy.view(shape), one_hot, probs)
+    return probs
+
+
+def _joint_top_k_top_p(probs: torch.Tensor, params: SamplingParams, shape: tuple) -> torch.Tensor:
+    """SGLang's order (``top_k_top_p_min_p_sampling_from_probs_torch``): by rank in the scaled distribution, a token
+    stays if it is among the top_k and the mass ranked above it is at most top_p; then renormalise. Ties rank the
+    lower id first (SGLang's sort leaves their order open)."""
+    v = probs.shape[-1]
+    if not bool(((params.top_k > 0) | (params.top_p < 1)).any()):
+        return probs
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
+    rank = torch.arange(v, device=probs.device)
+    drop_sorted = (rank >= k) | ((sorted_p.cumsum(-1) - sorted_p) > params.top_p.view(shape))
+    probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+    return probs / probs.sum(-1, keepdim=True)
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator=None) -> torch.Tensor:

@@ -4,7 +4,8 @@ A request's first generated token comes from the prefill; with a depth-3 tree th
 round of speculation decides, level by level. The joint law of those four tokens is enumerated from the target
 (``stats_util.path_law``, built on the numpy reference ``target_law``) and compared by chi-square (alpha = 1e-3) with
 an engine's generations: at T = 1 alone, and in one batch that mixes greedy rows, T = 1 rows and rows with top-k and
-top-p together, each row group against its own law.
+top-p together, each row group against its own law. The law is the engine's own: SGLang filters top-k and top-p
+jointly (``joint=True``, as its sampler draws the prefill's token), vLLM one after the other.
 """
 
 from transformers import AutoTokenizer
@@ -34,11 +35,11 @@ def mixed_order() -> list:
     return [group for _ in range(MIXED) for group in GROUPS]
 
 
-def group_pvalue(prompts: dict, group: str, generations: list) -> float:
+def group_pvalue(prompts: dict, group: str, generations: list, joint: bool = False) -> float:
     """Chi-square p-value of one group's generations (token id lists) against its exact four-token law."""
-    return path_law(TARGET, prompts[group], LENGTH, **GROUPS[group][1]).pvalue(generations)
+    return path_law(TARGET, prompts[group], LENGTH, **GROUPS[group][1], joint=joint).pvalue(generations)
 
 
-def mixed_pvalues(prompts: dict, order: list, generations: list) -> dict:
-    return {group: group_pvalue(prompts, group, [gen for gen, g in zip(generations, order) if g == group])
+def mixed_pvalues(prompts: dict, order: list, generations: list, joint: bool = False) -> dict:
+    return {group: group_pvalue(prompts, group, [gen for gen, g in zip(generations, order) if g == group], joint)
             for group in GROUPS}

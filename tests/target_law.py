@@ -5,18 +5,23 @@ p = softmax(logits / T) restricted by top-k, then top-p, renormalised each time:
 - top-p orders tokens by probability, the larger first and, among equal ones, the lower token id first, and keeps
   the shortest prefix whose mass reaches p (a boundary exactly on a cumulative sum ends the prefix there);
 - T = 0 is greedy: all mass on the first argmax.
+
+``joint=True`` is SGLang's order instead: both filters read softmax(logits / T) itself; a token stays if it is among
+the k most probable (the lower id first among equal ones) and the mass ranked above it is at most p.
 """
 
 import numpy as np
 
 
-def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, joint: bool = False) -> np.ndarray:
     logits = np.asarray(logits, dtype=np.float64)
     if temperature <= 0:
         out = np.zeros_like(logits)
         out[int(np.argmax(logits))] = 1.0
         return out
     scaled = logits / temperature
+    if joint:
+        return _joint_law(scaled, top_k, top_p)
     keep = np.ones(scaled.shape, dtype=bool)
     if 0 < top_k < scaled.size:
         kth = np.sort(scaled)[::-1][top_k - 1]
@@ -36,3 +41,18 @@ def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -
         probs = np.where(mask, probs, 0.0)
         probs /= probs.sum()
     return probs
+
+
+def _joint_law(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    order = sorted(range(probs.size), key=lambda i: (-probs[i], i))
+    kept, above = [], 0.0
+    for rank, i in enumerate(order):
+        if (0 < top_k <= rank) or above > top_p:
+            break
+        kept.append(i)
+        above += probs[i]
+    out = np.zeros_like(probs)
+    out[kept] = probs[kept]
+    return out / out.sum()

@@ -1,6 +1,7 @@
 """``sampler.target_probs`` against a reference written separately (tests/target_law.py, numpy), on hand-checked
 cases (ties at the k-th value, a top-p boundary exactly on a cumulative sum) and random ones; and against vLLM's own
-top-k/top-p (``apply_top_k_top_p_pytorch``): the same support on random logits. Where the two differ by design:
+top-k/top-p (``apply_top_k_top_p_pytorch``): the same support on random logits. SGLang's joint order too (its
+own sampler is compared in tests/sglang/test_sglang_plugin.py). Where the two differ by design:
 vLLM orders tokens by an unstable ascending sort, so which of several equal-probability tokens survives at a top-p
 boundary is up to its sort; ours keeps the lower token id (stable)."""
 
@@ -14,8 +15,8 @@ from eagle3_plugin.sampler import SamplingParams, target_probs
 from target_law import target_law
 
 
-def ours(logits, temperature, top_k=0, top_p=1.0):
-    params = SamplingParams.uniform(1, temperature, top_k, top_p)
+def ours(logits, temperature, top_k=0, top_p=1.0, joint=False):
+    params = SamplingParams.uniform(1, temperature, top_k, top_p, filter_order="joint" if joint else "sequential")
     return target_probs(torch.tensor([logits], dtype=torch.float32), params)[0].double().numpy()
 
 
@@ -57,6 +58,35 @@ def test_random_cases_agree():
         k = int(g.choice([0, 1, 2, 5, v]))
         p = float(g.choice([1.0, 0.95, 0.8, 0.5, 0.1]))
         assert ours(logits, t, k, p) == pytest.approx(target_law(logits, t, k, p), abs=1e-5)
+
+
+def test_joint_order_by_hand():
+    # softmax [4, 3, 2, 1] = [0.644, 0.237, 0.087, 0.032]; top-k 3 keeps 0.968 of the mass
+    # sequential: renormalised, 0.665 + 0.245 reaches 0.9 -> two tokens; joint: 0.644 + 0.237 = 0.881 <= 0.9 -> three
+    logits, probs = [4.0, 3.0, 2.0, 1.0], np.exp([4.0, 3.0, 2.0, 1.0]) / np.exp([4.0, 3.0, 2.0, 1.0]).sum()
+    want = np.array([*probs[:3], 0.0]) / probs[:3].sum()
+    assert target_law(logits, 1.0, 3, 0.9, joint=True) == pytest.approx(want, abs=1e-12)
+    assert ours(logits, 1.0, 3, 0.9, joint=True) == pytest.approx(want, abs=1e-6)
+    assert np.count_nonzero(target_law(logits, 1.0, 3, 0.9)) == 2
+    # the mass above a token exactly at top_p keeps it (SGLang drops only above): 0.25 + 0.25 = 0.5 keeps a third
+    assert target_law([0.0] * 4, 1.0, 0, 0.5, joint=True) == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0], abs=1e-12)
+    assert ours([0.0] * 4, 1.0, 0, 0.5, joint=True) == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0], abs=1e-6)
+
+
+def test_random_cases_agree_in_the_joint_order():
+    g = np.random.default_rng(1)
+    for _ in range(300):
+        v = int(g.integers(2, 50))
+        logits = (g.normal(size=v) * g.uniform(0.5, 4)).tolist()
+        t = float(g.choice([0.0, 0.3, 0.7, 1.0, 1.5]))
+        k = int(g.choice([0, 1, 2, 5, v]))
+        p = float(g.choice([1.0, 0.95, 0.8, 0.5, 0.1]))
+        assert ours(logits, t, k, p, joint=True) == pytest.approx(target_law(logits, t, k, p, joint=True), abs=1e-5)
+
+
+def test_an_unknown_filter_order_is_refused():
+    with pytest.raises(ValueError, match="filter order"):
+        SamplingParams.uniform(1, 1.0, filter_order="top_p_first")
 
 
 def test_vllm_top_k_top_p_has_the_same_support():

@@ -1,8 +1,9 @@
 """eagle3-plugin inside the real SGLang server (CPU, fp32, tree 3/4/10 from the bundled draft in our layout).
 
 - T > 0: the first four generated tokens have the target's exact joint law, at T = 1 and in a batch that mixes
-  greedy, T = 1 and top-k + top-p rows (tests/law_cases.py). Stock SGLang verifies greedily on CPU whatever the
-  temperature (``eagle_utils._verify_uses_greedy``) and fails the same test.
+  greedy, T = 1 and top-k + top-p rows (tests/law_cases.py), top-k and top-p filtered jointly as SGLang's own
+  sampler does (it draws each request's first token); our joint filter keeps what SGLang's keeps. Stock SGLang
+  verifies greedily on CPU whatever the temperature (``eagle_utils._verify_uses_greedy``) and fails the T = 1 test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
 - Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving.
@@ -71,7 +72,7 @@ def test_four_tokens_at_temperature_1_have_the_target_law(ours, law_prompts):
 def test_a_mixed_batch_gives_each_row_its_own_law(ours, law_prompts):
     order = mixed_order()
     generations = sample(ours, [law_prompts[g] for g in order], [GROUPS[g][1] for g in order])
-    pvalues = mixed_pvalues(law_prompts, order, generations)
+    pvalues = mixed_pvalues(law_prompts, order, generations, joint=True)  # SGLang's top-k/top-p order
     assert all(p > 1e-3 for p in pvalues.values()), pvalues
 
 
@@ -106,6 +107,33 @@ def test_settings_the_verifier_would_ignore_are_refused(ours, prompts, setting):
         ours.generate(prompts[0], {"max_new_tokens": 4, **setting})
     assert e.value.code == 400 and "eagle3-plugin" in e.value.read().decode()
     assert len(ours.generate(prompts[0], {"max_new_tokens": 4})["output_ids"]) > 0
+
+
+SAME_FILTER_AS_SGLANG = """
+import torch
+from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch as sglang_filter
+from eagle3_plugin.sampler import SamplingParams, target_probs
+g = torch.Generator().manual_seed(0)
+for _ in range(200):
+    logits = torch.randn(6, 64, generator=g) * 3
+    temperature = torch.rand(6, generator=g) + 0.3
+    top_k = torch.randint(1, 65, (6,), generator=g)
+    top_p = torch.rand(6, generator=g) * 0.9 + 0.05
+    top_p[0], top_k[1] = 1.0, 64  # one row without top-p, one without top-k
+    probs = torch.softmax(logits / temperature[:, None], -1)
+    _, kept, order, _ = sglang_filter(probs.clone(), top_k, top_p, None, False, None, None, return_filtered_probs=True)
+    theirs = torch.zeros_like(probs).scatter(1, order.long(), kept)
+    theirs /= theirs.sum(-1, keepdim=True)
+    ours = target_probs(logits, SamplingParams(temperature, top_k, top_p, filter_order="joint"))
+    assert torch.equal(theirs > 0, ours > 0), (theirs > 0) ^ (ours > 0)
+    assert torch.allclose(theirs, ours, atol=1e-6)
+print("same")
+"""
+
+
+def test_our_joint_filter_keeps_what_sglang_keeps():
+    proc = subprocess.run([SGLANG_PYTHON, "-c", SAME_FILTER_AS_SGLANG], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-3000:]
 
 
 def test_an_unsupported_sglang_version_stops_with_one_clear_error():
