@@ -2,10 +2,11 @@
 
 A request's first generated token comes from the prefill; with a depth-3 tree the next three are the ones the first
 round of speculation decides, level by level. The joint law of those four tokens is enumerated from the target
-(``stats_util.path_law``, built on the numpy reference ``target_law``) and compared by chi-square (alpha = 1e-3) with
-an engine's generations: at T = 1 alone, and in one batch that mixes greedy rows, T = 1 rows and rows with top-k and
-top-p together, each row group against its own law. The law is the engine's own: SGLang filters top-k and top-p
-jointly (``joint=True``, as its sampler draws the prefill's token), vLLM one after the other.
+(``stats_util.path_law``, built on the numpy reference ``target_law``) and compared by chi-square (alpha = 1e-3; the
+four-token paths and, zeros included, the first token alone) with an engine's generations: at T = 1 alone, and in
+one batch that mixes greedy rows, T = 1 rows and rows with top-k and top-p together, each row group against its own
+law. The law is the engine's own: SGLang filters top-k and top-p jointly (``joint=True``, as its sampler draws the
+prefill's token), vLLM one after the other.
 """
 
 from transformers import AutoTokenizer

@@ -32,19 +32,25 @@ def chi_square_pvalue(cells: torch.Tensor, exact: torch.Tensor) -> float:
 @dataclass
 class PathLaw:
     """The exact law of a request's first ``length`` generated tokens: every path of at least ``floor`` probability
-    is a cell, and one last cell holds the exact mass of all the others."""
+    is a cell, and one last cell holds the exact mass of all the others; and the first token's own law over the
+    whole vocabulary, zeros included (a token outside the support, which the paths' rest cell would hide among many
+    expected samples, fails it outright)."""
 
     length: int
     paths: dict  # path (tuple of ``length`` token ids) -> cell index
     probs: torch.Tensor  # [len(paths) + 1] float64, the last entry the pooled rest
+    first: torch.Tensor  # [V] float64: the first token's law
 
     def cells(self, generations) -> torch.Tensor:
         rest = len(self.paths)
         return torch.tensor([self.paths.get(tuple(g[:self.length]), rest) for g in generations])
 
     def pvalue(self, generations) -> float:
-        """Chi-square p-value of generations (each a list of token ids, at least ``length`` long) against the law."""
-        return chi_square_pvalue(self.cells(generations), self.probs)
+        """p-value of generations (each a list of token ids, at least ``length`` long) against the law: the smaller of
+        the paths' and the first token's chi-square p-values, doubled (Bonferroni: the test keeps its alpha)."""
+        paths = chi_square_pvalue(self.cells(generations), self.probs)
+        first = chi_square_pvalue(torch.tensor([g[0] for g in generations]), self.first)
+        return min(1.0, 2 * min(paths, first))
 
 
 def path_law(target_dir: str, prompt: list[int], length: int, temperature: float, top_k: int = 0,
@@ -56,6 +62,7 @@ def path_law(target_dir: str, prompt: list[int], length: int, temperature: float
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     level = {(): 1.0}  # prefix -> its probability; only prefixes at or above the floor
+    first = None
     for _ in range(length):
         prefixes = list(level)
         with torch.no_grad():
@@ -63,9 +70,11 @@ def path_law(target_dir: str, prompt: list[int], length: int, temperature: float
         grown = {}
         for prefix, row in zip(prefixes, logits):
             probs = level[prefix] * target_law(row, temperature, top_k, top_p, joint)
+            if first is None:
+                first = torch.from_numpy(probs)
             for token in np.flatnonzero(probs >= floor):
                 grown[prefix + (int(token),)] = float(probs[token])
         level = grown
     kept = torch.tensor(list(level.values()), dtype=torch.float64)
     probs = torch.cat([kept, (1 - kept.sum()).clamp(min=0)[None]])
-    return PathLaw(length, {path: cell for cell, path in enumerate(level)}, probs)
+    return PathLaw(length, {path: cell for cell, path in enumerate(level)}, probs, first)
