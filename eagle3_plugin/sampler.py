@@ -104,9 +104,8 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def _sequential_top_k_top_p(scaled: torch.Tensor, params: SamplingParams, shape: tuple) -> torch.Tensor:
     """vLLM's and HF's order: top-k on the scaled logits (ties at the k-th value all stay), softmax, then the
     shortest prefix by probability whose mass reaches top_p (ties: the lower id first)."""
-    v = scaled.shape[-1]
     if bool((params.top_k > 0).any()):
-        k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
+        k = _top_k_counts(params, scaled.shape[-1], shape)
         kth = torch.gather(torch.sort(scaled, dim=-1, descending=True).values, -1,
                            (k - 1).expand(*scaled.shape[:-1], 1))
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -114,8 +113,7 @@ def _sequential_top_k_top_p(scaled: torch.Tensor, params: SamplingParams, shape:
     if bool((params.top_p < 1).any()):
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # ties: the lower id first
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p.view(shape)  # mass before it reaches top_p
-        probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = _without_sorted(probs, order, drop_sorted)
     return probs
 
 
@@ -123,13 +121,22 @@ def _joint_top_k_top_p(probs: torch.Tensor, params: SamplingParams, shape: tuple
     """SGLang's order (``top_k_top_p_min_p_sampling_from_probs_torch``): by rank in the scaled distribution, a token
     stays if it is among the top_k and the mass ranked above it is at most top_p; then renormalise. Ties rank the
     lower id first (SGLang's sort leaves their order open)."""
-    v = probs.shape[-1]
     if not bool(((params.top_k > 0) | (params.top_p < 1)).any()):
         return probs
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    k = torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
-    rank = torch.arange(v, device=probs.device)
-    drop_sorted = (rank >= k) | ((sorted_p.cumsum(-1) - sorted_p) > params.top_p.view(shape))
+    rank = torch.arange(probs.shape[-1], device=probs.device)
+    drop_sorted = ((rank >= _top_k_counts(params, probs.shape[-1], shape))
+                   | ((sorted_p.cumsum(-1) - sorted_p) > params.top_p.view(shape)))
+    return _without_sorted(probs, order, drop_sorted)
+
+
+def _top_k_counts(params: SamplingParams, v: int, shape: tuple) -> torch.Tensor:
+    """Each row's top-k as a count of tokens (off: all ``v``), shaped ``shape`` to broadcast over ``[B, ..., V]``."""
+    return torch.where(params.top_k > 0, params.top_k.clamp(max=v), torch.full_like(params.top_k, v)).view(shape)
+
+
+def _without_sorted(probs: torch.Tensor, order: torch.Tensor, drop_sorted: torch.Tensor) -> torch.Tensor:
+    """``probs`` renormalised without the tokens ``drop_sorted`` marks, in the sorted ``order``."""
     probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
     return probs / probs.sum(-1, keepdim=True)
 

@@ -56,13 +56,13 @@ class PathLaw:
 def path_law(target_dir: str, prompt: list[int], length: int, temperature: float, top_k: int = 0,
              top_p: float = 1.0, floor: float = 1e-3, joint: bool = False) -> PathLaw:
     """The target's joint law of the first ``length`` generated tokens (transformers, float32 logits), built with the
-    numpy reference ``target_law`` (``joint``: SGLang's top-k/top-p order), not with the sampler under test. A prefix below ``floor`` is not expanded: its
-    whole mass goes to the rest cell, as does that of every full path below ``floor``."""
+    numpy reference ``target_law`` (``joint``: SGLang's top-k/top-p order), not with the sampler under test. A
+    prefix below ``floor`` is not expanded: its whole mass goes to the rest cell, as does that of every full path
+    below ``floor``."""
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     level = {(): 1.0}  # prefix -> its probability; only prefixes at or above the floor
-    first = None
     for _ in range(length):
         prefixes = list(level)
         with torch.no_grad():
@@ -70,7 +70,7 @@ def path_law(target_dir: str, prompt: list[int], length: int, temperature: float
         grown = {}
         for prefix, row in zip(prefixes, logits):
             probs = level[prefix] * target_law(row, temperature, top_k, top_p, joint)
-            if first is None:
+            if not prefix:  # the first level's one prefix
                 first = torch.from_numpy(probs)
             for token in np.flatnonzero(probs >= floor):
                 grown[prefix + (int(token),)] = float(probs[token])
