@@ -92,10 +92,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalised in float32, scaled in the input's dtype (as Llama does)."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalised in float32, scaled in the input's dtype (as Llama does)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
 class Rotary:
@@ -192,7 +196,6 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.rotary = Rotary(c.head_dim, c.rope_theta, c.max_position_embeddings)
-        self.qkv = _FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x, positions, attention: AttentionFn, queries: Optional[torch.Tensor] = None):
         """Keys and values of every token of ``x [B, Q, 2H]``; queries of all of them, or of ``queries [B, Qq]``
@@ -211,11 +214,12 @@ class DraftAttention(nn.Module):
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def _rotated(self, x, positions, first_head: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One projection of ``x`` to the heads from ``first_head`` on (queries, keys, values: 0 for all of them,
+        """The projections of ``x`` to the heads from ``first_head`` on (queries, keys, values: 0 for all of them,
         the number of query heads for keys and values only), ``[B, Q, heads, D]``: the query and key heads rotated
         together, and the value heads."""
         c = self.c
-        heads = self.qkv(x, first_output=first_head * c.head_dim).unflatten(-1, (-1, c.head_dim))
+        projections = (self.q_proj, self.k_proj, self.v_proj)[1 if first_head else 0:]
+        heads = torch.cat([p(x) for p in projections], dim=-1).unflatten(-1, (-1, c.head_dim))
         values_from = c.num_attention_heads + c.num_key_value_heads - first_head
         return apply_rope(heads[:, :, :values_from], *self.rotary.tables(positions)), heads[:, :, values_from:]
 
@@ -226,36 +230,9 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-        self.gate_up = _FusedLinear(self.gate_proj, self.up_proj)
 
     def forward(self, x):
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class _FusedLinear:
-    """Several bias-free linears over one input, their outputs concatenated: one matmul when no gradient is needed
-    (inference); the separate layers (official weight names, what training updates) otherwise. The fused weight is
-    rebuilt whenever a part changes."""
-
-    def __init__(self, *parts: nn.Linear):
-        self.__dict__["parts"] = parts  # plain attribute: not a submodule, not in state_dict
-        self._weight, self._versions = None, None
-
-    def __call__(self, x: torch.Tensor, first_output: int = 0) -> torch.Tensor:
-        """The concatenated outputs from ``first_output`` on."""
-        if torch.is_grad_enabled():
-            return torch.cat([part(x) for part in self.parts], dim=-1)[..., first_output:]
-        versions = _versions(*(part.weight for part in self.parts))
-        if versions != self._versions:
-            self._weight = torch.cat([part.weight for part in self.parts]).detach()
-            self._versions = versions
-        return F.linear(x, self._weight[first_output:] if first_output else self._weight)
-
-
-def _versions(*tensors: torch.Tensor) -> list:
-    """What tells whether a tensor derived from ``tensors`` is stale: their storage and in-place versions."""
-    return [(t.data_ptr(), t._version) for t in tensors]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftLayer(nn.Module):
@@ -296,7 +273,6 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if
                              c.draft_vocab_size == c.vocab_size else torch.zeros(c.vocab_size, dtype=torch.bool))
         self._embed: Optional[nn.Embedding] = None
-        self._normed_table, self._normed_versions = None, None  # input_layernorm of every token's embedding
 
     def attach_embedding(self, embedding: nn.Embedding) -> None:
         """Share the target's token embedding (not registered: not trained, not saved)."""
@@ -331,17 +307,15 @@ class Eagle3Draft(nn.Module):
                                            positions)
 
     def normed_embeddings(self, input_ids):
-        """``input_layernorm(embed(input_ids))``; at inference a row of a table normalised once (the same numbers:
-        the norm is per token), rebuilt when the embedding or the norm changes."""
+        """``input_layernorm(embed(input_ids))``."""
+        return self.midlayer.input_layernorm(self.embedding(input_ids))
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        """The target's token embedding (:meth:`attach_embedding`)."""
         if self._embed is None:
             raise RuntimeError("attach the target's embedding first (Eagle3Draft.attach_embedding)")
-        norm = self.midlayer.input_layernorm
-        if torch.is_grad_enabled():
-            return norm(self._embed(input_ids))
-        versions = _versions(self._embed.weight, norm.weight)
-        if versions != self._normed_versions:
-            self._normed_table, self._normed_versions = norm(self._embed.weight).detach(), versions
-        return F.embedding(input_ids, self._normed_table)
+        return self._embed
 
     @property
     def attention_scale(self) -> float:

@@ -37,6 +37,7 @@ import torch
 
 from .config import Eagle3Config
 from .draft import Eagle3Draft, grouped_mask, masked_attention
+from .packed_draft import PackedDraft
 from .rng import RowRandom
 from .sampler import SamplingParams
 from .tree import DraftTree, build_chain, build_tree
@@ -193,7 +194,9 @@ class ProposedTrees:
 
 class Speculator:
     def __init__(self, draft: Eagle3Draft, config: Eagle3Config):
+        """``draft``'s weights are packed here (:class:`~eagle3_plugin.packed_draft.PackedDraft`): final by now."""
         self.draft, self.config = draft, config
+        self.packed = PackedDraft.of(draft)
         self._deferred: list[DraftEntries] = []  # steps without a tree whose entries are not stored yet
         self._deferred_entries = 0
         self._deferred_to: Optional[DraftKV] = None  # the store they go to
@@ -209,24 +212,24 @@ class Speculator:
         if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`store`)
             self.store(kv, rows.entries())
             return None
-        self.draft.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
+        self.packed.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
         self.flush()
         tree_columns = (shape.depth - 1) * shape.top_k
         groups = _row_groups(rows.count)
         if len(groups) == 1:
             context, root_hidden = self._catch_up(kv, rows, tree_columns)
         else:
-            root_hidden = torch.empty(rows.count.shape[0], self.draft.config.hidden_size,
+            root_hidden = torch.empty(rows.count.shape[0], self.packed.config.hidden_size,
                                       dtype=rows.features.dtype, device=rows.features.device)
             for index in groups:
                 root_hidden[index] = self._catch_up(kv, rows.select(index), 0)[1]
             context = self._stored_context(kv, rows.slots, rows.start + rows.count, tree_columns)
-        expand = _LevelExpander(self.draft, context, root_hidden, rows.start + rows.count - 1, shape.top_k)
-        sample, hot_ids = self.config.tree_sampler == "real", self.draft.hot_token_ids
+        expand = _LevelExpander(self.packed, context, root_hidden, rows.start + rows.count - 1, shape.top_k)
+        sample, hot_ids = self.config.tree_sampler == "real", self.packed.hot_ids
         if shape.top_k == 1 and shape.total_tokens == shape.depth + 1:
-            return build_chain(rows.roots, self.draft.logits(root_hidden), expand, shape.depth, params.temperature,
+            return build_chain(rows.roots, self.packed.logits(root_hidden), expand, shape.depth, params.temperature,
                                sample, hot_ids, random)
-        return build_tree(rows.roots, self.draft.logits(root_hidden), expand, shape.depth, shape.top_k,
+        return build_tree(rows.roots, self.packed.logits(root_hidden), expand, shape.depth, shape.top_k,
                           shape.total_tokens, params.temperature, sample, hot_ids, random)
 
     def store(self, kv: DraftKV, entries: DraftEntries) -> None:
@@ -247,8 +250,8 @@ class Speculator:
             return
         entries = DraftEntries.concat(self._deferred)
         self._deferred, self._deferred_entries = [], 0
-        self.draft.reserve_positions(int(entries.positions.max()) + 1)
-        keys, values = self.draft.keys_values(entries.tokens[None], self.draft.fuse(entries.features)[None],
+        self.packed.reserve_positions(int(entries.positions.max()) + 1)
+        keys, values = self.packed.keys_values(entries.tokens[None], self.packed.fuse(entries.features)[None],
                                               entries.positions[None])
         self._deferred_to.keys.index_copy_(0, entries.slots, keys[0].transpose(0, 1))
         self._deferred_to.values.index_copy_(0, entries.slots, values[0].transpose(0, 1))
@@ -264,9 +267,9 @@ class Speculator:
         is_new = new[None] < rows.count[:, None]
         allowed = torch.cat([context.valid[:, None, :context.used], is_new[:, None, :],
                              torch.zeros(b, 1, extra_columns, dtype=torch.bool, device=device)], dim=2)
-        mask = grouped_mask(allowed, self.draft.query_groups, rows.features.dtype)
-        attention = _BufferAttention(context, context.used, mask, self.draft.attention_scale)
-        out = self.draft(rows.tokens, self.draft.fuse(rows.padded_features()), rows.start[:, None] + new, attention,
+        mask = grouped_mask(allowed, self.packed.query_groups, rows.features.dtype)
+        attention = _BufferAttention(context, context.used, mask, self.packed.attention_scale)
+        out = self.packed.forward(rows.tokens, self.packed.fuse(rows.padded_features()), rows.start[:, None] + new, attention,
                          queries=(rows.count - 1)[:, None])
         context.valid[:, context.used:context.used + q] = is_new
         written = slice(context.used, context.used + q)
@@ -343,7 +346,7 @@ class _LevelExpander:
     levels and themselves; their keys go to the context's free columns, ``k`` per level. The attention mask is
     built once per step: the context's part stays, each level writes the tree columns it can see."""
 
-    def __init__(self, draft: Eagle3Draft, context: _Context, root_hidden: torch.Tensor, root_position: torch.Tensor,
+    def __init__(self, draft: PackedDraft, context: _Context, root_hidden: torch.Tensor, root_position: torch.Tensor,
                  top_k: int):
         self.draft, self.context, self.root_position = draft, context, root_position
         b, device = context.valid.shape[0], context.valid.device
@@ -373,7 +376,7 @@ class _LevelExpander:
             self.ancestors[:, :, (level - 1) * k:level * k] = self.eye
             self.tree_mask.copy_(torch.where(self.ancestors, 0.0, float("-inf"))[:, None])
         attention = _BufferAttention(c, c.used + (level - 1) * k, self.mask, self.draft.attention_scale)
-        self.hidden = self.draft(tokens, parent_hidden, self.root_position[:, None] + level, attention)
+        self.hidden = self.draft.forward(tokens, parent_hidden, self.root_position[:, None] + level, attention)
         return self.draft.logits(self.hidden)
 
 

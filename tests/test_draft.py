@@ -1,37 +1,38 @@
-"""The draft's inference path (one fused projection, a table of normalised embeddings) gives exactly the numbers of
-its training path (the separate official layers, the norm computed per token), and follows weight changes."""
+"""The packed draft (drafting's forward: fused projections, a table of normalised embeddings, no module calls) gives
+exactly the numbers of the draft module (the separate official layers, the norm computed per token)."""
 
+import pytest
 import torch
 
 from conftest import random_draft, tiny_llama
+from eagle3_plugin.draft import ConcatAttention
+from eagle3_plugin.packed_draft import PackedDraft
 
 
-def outputs(draft, ids, hidden, positions):
-    """Forward outputs and keys/values, by the inference path (no grad) and the training path (grad on)."""
-    with torch.no_grad():
-        fast = (draft(ids, hidden, positions), *draft.keys_values(ids, hidden, positions))
-    with torch.enable_grad():
-        plain = (draft(ids, hidden, positions), *draft.keys_values(ids, hidden, positions))
-    return fast, [t.detach() for t in plain]
-
-
-def test_inference_path_equals_training_path_and_follows_weight_changes():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_draft_equals_the_module(dtype):
     target = tiny_llama()
     draft = random_draft(target)
-    draft.attach_embedding(target.get_input_embeddings())
+    draft.to(dtype).attach_embedding(torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.to(dtype)))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (3, 9), generator=g)
-    hidden = torch.randn(3, 9, draft.config.hidden_size, generator=g)
+    features = torch.randn(3, 9, draft.fc.in_features, generator=g).to(dtype)
     positions = torch.arange(4, 13).expand(3, -1)
-    for change in (None, "midlayer.self_attn.k_proj.weight", "midlayer.input_layernorm.weight",
-                   "midlayer.mlp.up_proj.weight"):
-        if change is not None:
+    queries = torch.tensor([[8], [3], [0]])
+    for weights in range(3):  # the module's own weights, then two others (packed anew)
+        if weights:
             with torch.no_grad():
-                draft.get_parameter(change).mul_(1.5)
-        fast, plain = outputs(draft, ids, hidden, positions)
-        for a, b in zip(fast, plain):
-            assert torch.equal(a, b), change
-    with torch.no_grad():  # the shared embedding changes too
-        target.get_input_embeddings().weight.mul_(0.5)
-    fast, plain = outputs(draft, ids, hidden, positions)
-    assert all(torch.equal(a, b) for a, b in zip(fast, plain))
+                for p in draft.parameters():
+                    p.add_(0.1 * torch.randn(p.shape, generator=g).to(dtype))
+        packed = PackedDraft.of(draft)
+        with torch.no_grad():
+            hidden = draft.fuse(features)
+            assert torch.equal(packed.fuse(features), hidden)
+            for q in (None, queries):
+                attention = lambda: ConcatAttention(scale=draft.attention_scale)  # noqa: E731
+                out = draft(ids, hidden, positions, attention(), q)
+                assert torch.equal(packed.forward(ids, hidden, positions, attention(), q), out)
+                assert torch.equal(packed.logits(out), draft.logits(out))
+            for a, b in zip(packed.keys_values(ids, hidden, positions), draft.keys_values(ids, hidden, positions)):
+                assert torch.equal(a, b)
+        assert torch.equal(packed.hot_ids, draft.hot_token_ids)
