@@ -74,12 +74,12 @@ def position_slots(block_table: torch.Tensor, positions: torch.Tensor, block_siz
 
 
 def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of whole blocks ``block_ids [R, n]`` in position order: each ``[R, heads, n * block_size,
-    head_size]`` (one block copy, then one transposing copy)."""
+    """Keys and values of whole blocks ``block_ids [R, n]`` (int64) in position order: each ``[R, heads, n *
+    block_size, head_size]`` (one block copy, then one transposing copy each)."""
     _, heads, block_size, two_d = kv_cache.shape
     d = two_d // 2
     r, n = block_ids.shape
-    blocks = kv_cache[block_ids.long()].view(r, n, heads, 2, block_size * d)
+    blocks = kv_cache.index_select(0, block_ids.flatten()).view(r, n, heads, 2, block_size * d)
     keys = blocks[:, :, :, 0].view(r, n, heads, d, block_size).permute(0, 2, 1, 4, 3).reshape(r, heads, -1, d)
     values = blocks[:, :, :, 1].view(r, n, heads, block_size, d).transpose(1, 2).reshape(r, heads, -1, d)
     return keys, values

@@ -43,6 +43,7 @@ class TreeAttention:
 
     def __post_init__(self):
         self.query_tokens = self.queries[self.is_query]  # flat indices of the real query tokens
+        self.query_nodes = torch.nonzero(self.is_query.flatten())[:, 0]  # and where they are among the R x N rows
 
     @classmethod
     def build(cls, rows, flat_start, prefix_len, node_count, ancestors, block_size: int) -> "TreeAttention":
@@ -64,13 +65,15 @@ class TreeAttention:
         """Recompute the tree rows of ``output [tokens, Hq, D]`` from ``query [tokens, Hq, D]``."""
         began = time.perf_counter()
         if self._blocks is None or self._blocks[0] is not block_table:
-            self._blocks = (block_table, block_table[self.rows][:, :self.allowed.shape[2] // kv_cache.shape[2]])
+            blocks = block_table.index_select(0, self.rows)[:, :self.allowed.shape[2] // kv_cache.shape[2]]
+            self._blocks = (block_table, blocks.long())
         keys, values = paged_kv.gather_blocks(kv_cache, self._blocks[1])
-        q = query[self.queries].transpose(1, 2)  # [R, Hq, N, D]
+        r, n = self.queries.shape
+        q = query.index_select(0, self.queries.flatten()).view(r, n, *query.shape[1:]).transpose(1, 2)  # [R, Hq, N, D]
         if self._mask is None:
             self._mask = grouped_mask(self.allowed, q.shape[1] // keys.shape[1], q.dtype)
-        out = masked_attention(q, keys, values, self._mask, scale)
-        output[self.query_tokens] = out.transpose(1, 2)[self.is_query].to(output.dtype)
+        out = masked_attention(q, keys, values, self._mask, scale).transpose(1, 2).reshape(r * n, *query.shape[1:])
+        output.index_copy_(0, self.query_tokens, out.index_select(0, self.query_nodes).to(output.dtype))
         self.seconds += time.perf_counter() - began
 
 
