@@ -262,14 +262,21 @@ class TreeBudget:
 
 class PendingRecord:
     """A step's :meth:`TreeBudget.record`, held until the next step starts: a step's length is measured from its start
-    to the next one's, so the engine's own work between model runs (scheduling, output processing) counts."""
+    to the next one's, so the engine's own work between model runs (scheduling, output processing) counts. A fixed
+    budget learns nothing: :attr:`wanted` is False and nothing is held."""
 
     def __init__(self, budget: TreeBudget):
         self.budget, self._entry = budget, None
 
+    @property
+    def wanted(self) -> bool:
+        """Whether steps are recorded (an auto budget): engines skip building what :meth:`hold` takes otherwise."""
+        return self.budget.auto
+
     def hold(self, began: float, **entry) -> None:
         """The step that began at ``began`` (perf_counter): :meth:`TreeBudget.record`'s arguments but its length."""
-        self._entry = dict(entry, began=began)
+        if self.wanted:
+            self._entry = dict(entry, began=began)
 
     def release(self, now: Optional[float]) -> None:
         """Record the held step, if any, at a new step's start ``now``; None: the length is unknown (a prompt came
