@@ -51,14 +51,15 @@ def gather(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, t
     return keys[blocks, :, :, offsets], values[blocks, :, offsets]
 
 
-def move_slots(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy keys and values from slots ``src`` to slots ``dst``. Callers move a path's nodes to their depths:
-    every destination precedes its source, and no later source is an earlier destination."""
-    keys, values = key_value_caches(kv_cache)
-    block_size = values.shape[2]
+def move_slots(layers: list[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy keys and values from slots ``src`` to slots ``dst`` in every layer of ``layers`` (each layer's
+    :func:`key_value_caches`). Callers move a path's nodes to their depths: every destination precedes its source,
+    and no later source is an earlier destination."""
+    block_size = layers[0][1].shape[2]
     sb, so, db, do = src // block_size, src % block_size, dst // block_size, dst % block_size
-    keys[db, :, :, do] = keys[sb, :, :, so]
-    values[db, :, do] = values[sb, :, so]
+    for keys, values in layers:
+        keys[db, :, :, do] = keys[sb, :, :, so]
+        values[db, :, do] = values[sb, :, so]
 
 
 def block_slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:

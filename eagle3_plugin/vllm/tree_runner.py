@@ -5,7 +5,7 @@ One engine step, for the whole batch at once (the scheduler, the KV manager and 
     _prepare_inputs   each request's draft tokens are its last tree, flattened (root first, topological);
                       their positions become root position + depth (:mod:`.step`)
     _build_attention_metadata   the step's tree masks ride on the attention metadata (:mod:`.tree_attention`)
-    target forward    CPU_ATTN kernel, then every tree request's rows redone in one masked attention per layer
+    target forward    every tree request's rows in one masked attention per layer, the CPU_ATTN kernel for the rest
     _sample           core verify_tree over all rows (greedy, or recursive rejection with the draft's real
                       probabilities) -> accepted tokens + bonus, as vLLM's rejection sampler would emit them; the
                       accepted paths' KV moves to the slots of positions root + 1, root + 2, ...
@@ -99,7 +99,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self._target_group = next(i for i, g in enumerate(groups) if self._target_layers & set(g.layer_names))
         context = self.compilation_config.static_forward_context
         self._draft_kv = paged_kv.draft_store(context[self._draft_layer].kv_cache)
-        self._target_caches = [context[name].kv_cache for name in sorted(self._target_layers)]
+        self._target_kv = [paged_kv.key_value_caches(context[name].kv_cache) for name in sorted(self._target_layers)]
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -180,8 +180,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         if src.numel() == 0:
             return
         slots = self.input_batch.block_table.block_tables[self._target_group].slot_mapping.cpu
-        for kv_cache in self._target_caches:
-            paged_kv.move_slots(kv_cache, slots[src], slots[dst])
+        paged_kv.move_slots(self._target_kv, slots[src].long(), slots[dst].long())
 
     def _logprobs(self, logits, step: Step, num_logprobs: int):
         """vLLM's logprobs tensors for the emitted tokens (row-major over ``step.emitted``, -1 padded), each from
@@ -226,12 +225,13 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
                 drafts[row] = []
         ended = time.perf_counter()
         self.timings.draft += ended - began
-        whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
-        has_tree = self._drafted.total_tokens > 1 and bool(whole.any())
-        self._pending_record.hold(step.began, verified=self._drafted, drafted=shape,
-                                  trees=step.tree.select(whole) if has_tree else None,
-                                  verdict=step.verdict.select(whole) if has_tree else None,
-                                  decode_only=step.decode_only, draft_seconds=ended - began, batch=step.num_reqs)
+        if self._pending_record.wanted:
+            whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
+            has_tree = self._drafted.total_tokens > 1 and bool(whole.any())
+            self._pending_record.hold(step.began, verified=self._drafted, drafted=shape,
+                                      trees=step.tree.select(whole) if has_tree else None,
+                                      verdict=step.verdict.select(whole) if has_tree else None,
+                                      decode_only=step.decode_only, draft_seconds=ended - began, batch=step.num_reqs)
         self._drafted = shape
         return drafts
 
