@@ -92,7 +92,8 @@ class Step:
                 rows = torch.nonzero(not_path)[:, 0]
                 block_size = runner.kv_cache_config.kv_cache_groups[runner._target_group].kv_cache_spec.block_size
                 step.tree_attention = TreeAttention.build(rows, flat_start[rows], base[rows], node_count[rows],
-                                                          tree.ancestor_mask()[rows], block_size)
+                                                          tree.ancestor_mask()[rows], block_size,
+                                                          whole_step=bool(not_path.all()) and step.decode_only)
         return step
 
     def _check_scheduled_tokens(self, input_ids: torch.Tensor) -> None:

@@ -2,10 +2,10 @@
 
 The runner lays a request's tree out as consecutive query tokens (root first, topological order) with depth
 positions; their keys and values are in the paged cache (the backend writes them before attending). The
-backend's kernel attends causally in that flat order, which is wrong for a tree, so after it runs, the rows of
-every tree request (paths excepted: for them the kernel is right) are recomputed here, all requests in one
-masked attention per layer: node ``i`` sees the request's whole prefix and the tree nodes that are its ancestors
-or itself.
+backend's kernel attends causally in that flat order, which is wrong for a tree, so the rows of every tree
+request (paths excepted: for them the kernel is right) are computed here, all requests in one masked attention
+per layer: node ``i`` sees the request's whole prefix and the tree nodes that are its ancestors or itself. When
+those rows are all the step's rows (every request decodes a tree), the kernel is not run at all.
 
 The step's :class:`TreeAttention` travels on the attention metadata vLLM builds for the step (attribute
 :data:`METADATA_ATTRIBUTE`), so it lives exactly as long as that step's metadata.
@@ -31,12 +31,14 @@ METADATA_ATTRIBUTE = "eagle3_tree"
 class TreeAttention:
     """The step's tree requests: ``rows [R]`` (batch rows), ``queries [R, N]`` (flat index of each node's query
     token; only ``is_query`` nodes exist), and ``allowed [R, N, L]`` over positions ``0 .. L - 1``, ``L`` a
-    multiple of the block size. ``seconds``: time spent redoing tree rows, all layers."""
+    multiple of the block size. ``whole_step``: these rows are every query token of the step (the kernel has nothing
+    else to compute). ``seconds``: time spent on tree rows, all layers."""
 
     rows: torch.Tensor
     queries: torch.Tensor
     is_query: torch.Tensor
     allowed: torch.Tensor
+    whole_step: bool = False
     seconds: float = 0.0
     _blocks: Optional[tuple] = None  # (block table it was read from, the rows' block ids): same for every layer
     _mask: Optional[torch.Tensor] = None  # ``allowed`` as the attention's additive mask: same for every layer
@@ -46,7 +48,8 @@ class TreeAttention:
         self.query_nodes = torch.nonzero(self.is_query.flatten())[:, 0]  # and where they are among the R x N rows
 
     @classmethod
-    def build(cls, rows, flat_start, prefix_len, node_count, ancestors, block_size: int) -> "TreeAttention":
+    def build(cls, rows, flat_start, prefix_len, node_count, ancestors, block_size: int,
+              whole_step: bool) -> "TreeAttention":
         """``flat_start``, ``prefix_len`` (the root's position) and ``node_count`` per tree row; ``ancestors
         [R, N, N]`` (each tree's ancestor mask)."""
         n = ancestors.shape[1]
@@ -59,10 +62,10 @@ class TreeAttention:
         tree_part &= ((in_tree >= 0) & (in_tree < node_count[:, None]))[:, None, :]
         allowed = tree_part | (in_tree < 0)[:, None, :]
         is_query = nodes[None] < node_count[:, None]
-        return cls(rows, flat_start[:, None] + torch.where(is_query, nodes, 0), is_query, allowed)
+        return cls(rows, flat_start[:, None] + torch.where(is_query, nodes, 0), is_query, allowed, whole_step)
 
-    def redo(self, query, kv_cache, block_table, output, scale: float) -> None:
-        """Recompute the tree rows of ``output [tokens, Hq, D]`` from ``query [tokens, Hq, D]``."""
+    def attend(self, query, kv_cache, block_table, output, scale: float) -> None:
+        """Compute the tree rows of ``output [tokens, Hq, D]`` from ``query [tokens, Hq, D]``."""
         began = time.perf_counter()
         if self._blocks is None or self._blocks[0] is not block_table:
             blocks = block_table.index_select(0, self.rows)[:, :self.allowed.shape[2] // kv_cache.shape[2]]
@@ -78,7 +81,7 @@ class TreeAttention:
 
 
 def install() -> None:
-    """Wrap ``CPUAttentionBackendImpl.forward``: run the kernel, then redo tree requests' rows here."""
+    """Wrap ``CPUAttentionBackendImpl.forward``: tree requests' rows are computed here, the kernel runs for the rest."""
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
@@ -87,18 +90,19 @@ def install() -> None:
         return
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
-        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         tree = getattr(attn_metadata, METADATA_ATTRIBUTE, None)
         if tree is None or self.attn_type != AttentionType.DECODER:
-            return result
+            return original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         if self.sliding_window != -1 or self.logits_soft_cap or self.alibi_slopes is not None or self.sinks is not None:
             raise NotImplementedError("eagle3-plugin tree attention supports plain causal attention only "
                                       "(no sliding window, soft cap, ALiBi or sinks)")
         paged_kv.check_isa(layer.isa)
+        if not tree.whole_step:  # the kernel computes the other rows (the tree rows' it computes are redone)
+            original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         heads, d = self.num_heads, self.head_size
-        tree.redo(query.view(query.shape[0], heads, d), kv_cache, attn_metadata.block_table,
+        tree.attend(query.view(query.shape[0], heads, d), kv_cache, attn_metadata.block_table,
                   output.view(output.shape[0], heads, d), self.scale)
-        return result
+        return output
 
     forward._eagle3_wrapped = True
     CPUAttentionBackendImpl.forward = forward
