@@ -1,8 +1,25 @@
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3_plugin.draft import DraftConfig, Eagle3Draft
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``ci/test.sh`` runs one worker per core), each worker and everything it starts (vLLM
+    engines, SGLang servers, reference runs) stays on a core of its own: vLLM binds an engine's compute to the last
+    core unless told otherwise, and two engines on one core would run at half speed each."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+    if worker is None:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[int(worker[2:]) % len(cores)]
+    os.sched_setaffinity(0, {core})
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def tiny_llama(num_layers: int = 6, vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
