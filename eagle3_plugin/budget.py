@@ -32,8 +32,9 @@ at different steps, and the batch drains over a tail of small steps). Once chose
 expected to be faster at all (a switch has costs of its own: a step after some that drafted nothing first stores
 their entries), so estimates near the margin do not make the budget alternate. A shape with too few measurements
 (:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
-not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32), is probed
-(:data:`PROBE_STEPS` steps in a row); a shape probed and still not chosen waits twice as long for its next probe
+not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32) unless it would
+lose there even at the cost it was measured at for fewer requests, is probed (:data:`PROBE_STEPS` steps in a row);
+a shape probed and still not chosen waits twice as long for its next probe
 (up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses under load is not paid for every few hundred steps.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape).
@@ -100,6 +101,14 @@ class Line:
         """Whether observations within a factor of about 2 of ``units`` still weigh :data:`COVERED` in the fit."""
         b = _bucket(units)
         return sum(self._weight_near.get(near, 0.0) for near in (b - 1, b, b + 1)) >= COVERED
+
+    def floor(self, units: float) -> Optional[float]:
+        """A lower bound on the cost at ``units``: the fit at the bottom of the highest bucket at or below ``units``
+        whose own recent observations weigh :data:`COVERED` (more units never cost less); None when there is none."""
+        for b in range(_bucket(units), 0, -1):
+            if self._weight_near.get(b, 0.0) >= COVERED:
+                return self(1 << (b - 1))
+        return None
 
 
 def _bucket(units: float) -> int:
@@ -196,7 +205,8 @@ class TreeBudget:
             cost = self.verify_cost[s]
             unmeasured_here = cost.observations and not cost.covers(batch)
             if self.steps - self.last_run[s] > self.probe_every[s] or (
-                    unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4):
+                    unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4
+                    and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
                 self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
             if (self.probe_left[s] > 0 or cost.observations < MIN_OBSERVATIONS
@@ -206,6 +216,20 @@ class TreeBudget:
         best = self.current = self.best(batch)
         self.probe_every[best] = PROBE_EVERY
         return best
+
+    def would_lose(self, s: TreeShape, batch: int) -> bool:
+        """Whether ``s`` would lose at ``batch`` even if its step cost what it was measured to cost at a smaller
+        batch (:meth:`Line.floor`): then a probe at this batch cannot change the choice, and is not paid for (a
+        tree probed at 32 requests costs several plain steps each). False when it cannot tell."""
+        floor = self.verify_cost[s].floor(batch)
+        accepted = self.expected_accepted(s)
+        rivals = [self.tokens_per_second(o, batch) for o in self.shapes if o != s and self.verify_cost[o].covers(batch)
+                  and self.verify_cost[o].observations >= MIN_OBSERVATIONS
+                  and (o == NONE or self.accepted[o].rounds >= MIN_ROUNDS)]
+        if floor is None or (s != NONE and accepted is None) or not rivals:
+            return False
+        best_case = batch * (1 + (accepted or 0.0)) / max(floor + self.draft_seconds(s, batch), 1e-9)
+        return best_case < max(rivals)
 
     def best(self, batch: int) -> TreeShape:
         """The shape expected to be fastest for ``batch`` requests; a shape bigger than the one chosen last must be

@@ -214,3 +214,23 @@ def test_a_shape_that_keeps_losing_is_probed_ever_less_often():
     assert gaps[:4] == [2 * PROBE_EVERY + PROBE_STEPS, 4 * PROBE_EVERY + PROBE_STEPS, 8 * PROBE_EVERY + PROBE_STEPS,
                         PROBE_EVERY_MAX + PROBE_STEPS]
     assert budget.shape(16) == NONE
+
+
+def test_a_shape_that_loses_at_a_smaller_batch_is_not_probed_at_a_larger_one():
+    """More requests never make a step cheaper: a tree that would lose at 32 requests even at its cost measured at 8
+    is not probed at 32 (each probe step there costs several plain ones); the chain, which could win there, is."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: fitted(0.030, 0.006, batches=(4, 8)), chain: fitted(0.010, 0.0005, batches=(4, 8)),
+                          NONE: fitted(0.010, 0.0002)}
+    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    budget.steps = PROBE_EVERY  # every shape run lately (no periodic probe due), the last probes long ago
+    budget.last_run = {s: budget.steps for s in budget.shapes}
+    assert not budget.verify_cost[tree].covers(32)  # measured at 4 and 8 only
+    assert budget.verify_cost[tree].floor(32) == pytest.approx(budget.verify_cost[tree](8))
+    assert budget.would_lose(tree, 32)  # 4 tokens a request in >= 79 ms against none's 32 in ~17 ms
+    assert not budget.would_lose(chain, 32)  # 3 a request in >= 15 ms: it might win at 32
+    assert [budget.shape(32) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
+    assert not budget.would_lose(tree, 2)  # no bucket at or below 2 was measured: it cannot tell
+    assert Line().floor(32) is None
