@@ -252,7 +252,7 @@ class Speculator:
         self._deferred, self._deferred_entries = [], 0
         self.packed.reserve_positions(int(entries.positions.max()) + 1)
         keys, values = self.packed.keys_values(entries.tokens[None], self.packed.fuse(entries.features)[None],
-                                              entries.positions[None])
+                                               entries.positions[None])
         self._deferred_to.keys.index_copy_(0, entries.slots, keys[0].transpose(0, 1))
         self._deferred_to.values.index_copy_(0, entries.slots, values[0].transpose(0, 1))
 
@@ -269,8 +269,8 @@ class Speculator:
                              torch.zeros(b, 1, extra_columns, dtype=torch.bool, device=device)], dim=2)
         mask = grouped_mask(allowed, self.packed.query_groups, rows.features.dtype)
         attention = _BufferAttention(context, context.used, mask, self.packed.attention_scale)
-        out = self.packed.forward(rows.tokens, self.packed.fuse(rows.padded_features()), rows.start[:, None] + new, attention,
-                         queries=(rows.count - 1)[:, None])
+        out = self.packed.forward(rows.tokens, self.packed.fuse(rows.padded_features()), rows.start[:, None] + new,
+                                  attention, queries=(rows.count - 1)[:, None])
         context.valid[:, context.used:context.used + q] = is_new
         written = slice(context.used, context.used + q)
         self._write(kv, rows, context.keys[:, :, written], context.values[:, :, written])
