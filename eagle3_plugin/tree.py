@@ -172,8 +172,8 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     n_cand = 0
     for level in range(1, depth + 1):
         logq = torch.log_softmax(logits.float() / t_eff[:, None, None] if scaled else logits.float(), dim=-1)
-        child_phi = phi[..., None] + logq  # [B, k_prev, Vd]
         if sample:
+            child_phi = phi[..., None] + logq  # [B, k_prev, Vd]
             expanded_probs.append(logq.exp())
             perturbed = child_phi + _gumbel(child_phi.shape, random, device) * sampled_rows[:, None, None]
             top_perturbed, top_ids = _stable_topk(perturbed, top_k)  # [B, k_prev, k]
@@ -181,7 +181,7 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
             top_g = _truncated_gumbel(g[..., None], top_perturbed, perturbed.amax(-1, keepdim=True))
             score = torch.where(sampled_rows[:, None, None], top_g, top_phi).flatten(1)  # [B, k_prev * k]
         else:
-            top_phi, top_ids = _stable_topk(child_phi, top_k)
+            top_phi, top_ids = _stable_topk(logq, top_k, offset=phi[..., None])  # of phi + logq, [B, k_prev, k]
             score = top_phi.flatten(1)
         k_prev = logits.shape[1]
         cand_tokens.append(hot_ids[top_ids.flatten(1)])
@@ -293,19 +293,21 @@ def build_chain(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Ex
     return tree
 
 
-def _stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim with ties broken by the lower index (torch.topk does not promise it).
+def _stable_topk(x: torch.Tensor, k: int, offset: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of ``x + offset`` (``offset`` broadcast along the last dim, e.g. each parent's score; none: of ``x``)
+    along the last dim, ties broken by the lower index (torch.topk does not promise it).
 
-    Fast path: ``torch.topk`` of ``k + 1``: when its values are strictly decreasing there is no tie to break. Else
-    the full stable sort decides.
+    Fast path: ``torch.topk`` of ``k + 1`` of ``x``, then the offset added to those values alone (adding a constant
+    keeps the order, and rounding can only make equal values): when they are strictly decreasing there is no tie to
+    break and nothing outside them can reach the top k. Else the full stable sort of ``x + offset`` decides.
     """
-    if k >= x.shape[-1]:
-        values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-        return values[..., :k], ids[..., :k]
-    values, ids = torch.topk(x, k + 1, dim=-1)
-    if bool((values[..., 1:] < values[..., :-1]).all()):
-        return values[..., :k], ids[..., :k]
-    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
+    if k < x.shape[-1]:
+        values, ids = torch.topk(x, k + 1, dim=-1)
+        if offset is not None:
+            values = offset + values
+        if bool((values[..., 1:] < values[..., :-1]).all()):
+            return values[..., :k], ids[..., :k]
+    values, ids = torch.sort(x if offset is None else offset + x, dim=-1, descending=True, stable=True)
     return values[..., :k], ids[..., :k]
 
 

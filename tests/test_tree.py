@@ -154,6 +154,22 @@ def test_stable_topk_fast_path_matches_a_stable_sort():
         assert torch.equal(values, want_values[..., :5]) and torch.equal(ids, want_ids[..., :5])
 
 
+def test_stable_topk_with_an_offset_is_that_of_the_sum():
+    """Top-k of ``offset + x`` from the top k + 1 of ``x``: also where adding the offset rounds distinct values to
+    equal ones (large offsets: each row's ties then go to the lower index, as the sum's stable sort has them)."""
+    from eagle3_plugin.tree import _stable_topk
+    gen = torch.Generator().manual_seed(1)
+    rounded_ties = 0
+    for trial in range(200):
+        x = torch.log_softmax(torch.randn(3, 4, 40, generator=gen) * (1 + trial % 5), dim=-1)
+        offset = torch.randn(3, 4, 1, generator=gen) * 10.0 ** (trial % 9)
+        values, ids = _stable_topk(x, 5, offset=offset)
+        want_values, want_ids = torch.sort(offset + x, dim=-1, descending=True, stable=True)
+        assert torch.equal(values, want_values[..., :5]) and torch.equal(ids, want_ids[..., :5])
+        rounded_ties += bool((want_values[..., 1:6] == want_values[..., :5]).any())
+    assert rounded_ties > 0  # the fallback was exercised
+
+
 def test_chain_fast_path_is_the_top_k_1_tree():
     """build_chain gives build_tree's chain: same tokens, and at T > 0 the same draws and draft distributions."""
     from eagle3_plugin.tree import build_chain, build_tree
