@@ -209,8 +209,7 @@ class TreeBudget:
                     and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
                 self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
-            if (self.probe_left[s] > 0 or cost.observations < MIN_OBSERVATIONS
-                    or (s != NONE and self.accepted[s].rounds < MIN_ROUNDS)):
+            if self.probe_left[s] > 0 or not self._measured(s):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
         best = self.current = self.best(batch)
@@ -222,14 +221,17 @@ class TreeBudget:
         batch (:meth:`Line.floor`): then a probe at this batch cannot change the choice, and is not paid for (a
         tree probed at 32 requests costs several plain steps each). False when it cannot tell."""
         floor = self.verify_cost[s].floor(batch)
-        accepted = self.expected_accepted(s)
-        rivals = [self.tokens_per_second(o, batch) for o in self.shapes if o != s and self.verify_cost[o].covers(batch)
-                  and self.verify_cost[o].observations >= MIN_OBSERVATIONS
-                  and (o == NONE or self.accepted[o].rounds >= MIN_ROUNDS)]
-        if floor is None or (s != NONE and accepted is None) or not rivals:
+        rivals = [self.tokens_per_second(o, batch) for o in self.shapes
+                  if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]
+        if floor is None or self.expected_accepted(s) is None or not rivals:
             return False
-        best_case = batch * (1 + (accepted or 0.0)) / max(floor + self.draft_seconds(s, batch), 1e-9)
-        return best_case < max(rivals)
+        return self.tokens_per_second(s, batch, verify_seconds=floor) < max(rivals)
+
+    def _measured(self, s: TreeShape) -> bool:
+        """Whether ``s`` has enough measurements to be judged on: :data:`MIN_OBSERVATIONS` step costs, and (but for
+        no speculation) :data:`MIN_ROUNDS` request-rounds of acceptance."""
+        enough_rounds = s == NONE or self.accepted[s].rounds >= MIN_ROUNDS
+        return self.verify_cost[s].observations >= MIN_OBSERVATIONS and enough_rounds
 
     def best(self, batch: int) -> TreeShape:
         """The shape expected to be fastest for ``batch`` requests; a shape bigger than the one chosen last must be
@@ -243,8 +245,12 @@ class TreeBudget:
                 best = self.shapes[i]
         return best
 
-    def tokens_per_second(self, s: TreeShape, batch: int) -> float:
-        seconds = self.verify_cost[s](batch) + self.draft_seconds(s, batch)
+    def tokens_per_second(self, s: TreeShape, batch: int, verify_seconds: Optional[float] = None) -> float:
+        """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
+        instead of its fitted line (a bound, :meth:`would_lose`)."""
+        if verify_seconds is None:
+            verify_seconds = self.verify_cost[s](batch)
+        seconds = verify_seconds + self.draft_seconds(s, batch)
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
 
     def expected_accepted(self, s: TreeShape) -> float:
