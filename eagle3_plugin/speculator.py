@@ -162,6 +162,8 @@ class ProposedTrees:
         self._entries: dict = {}  # request id -> (the step's trees, its row)
 
     def set(self, trees: Optional[DraftTree], request_ids) -> None:
+        if trees is None and not self._entries:  # nothing proposed, nothing to forget (steps under heavy load)
+            return
         for row, rid in enumerate(request_ids):
             if trees is None:
                 self._entries.pop(rid, None)

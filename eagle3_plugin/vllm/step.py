@@ -71,12 +71,13 @@ class Step:
         flat_start = torch.from_numpy(runner.query_start_loc.np[:b].copy()).long()
         count = torch.from_numpy(num_scheduled_tokens[:b]).long()
         spec = scheduler_output.scheduled_spec_decode_tokens
-        node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
         joined = bool(scheduler_output.scheduled_new_reqs or scheduler_output.scheduled_cached_reqs.resumed_req_ids)
         if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
-            return cls(req_ids, base, flat_start, count, node_count, prefilling,
-                       DraftTree.root_only(torch.zeros(b, dtype=torch.long)), None, joined)
+            roots = torch.zeros(b, dtype=torch.long)
+            return cls(req_ids, base, flat_start, count, roots + 1, prefilling, DraftTree.root_only(roots), None,
+                       joined)
+        node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         tree = _trees(pending, req_ids, node_count)
         step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined)
         has_tree = node_count > 1
@@ -181,7 +182,7 @@ def draft_entries(step: Step, runner, features: torch.Tensor, block_table: torch
     if not step.one_entry_per_row:
         return draft_rows(step, runner, features, block_table, block_size).entries()
     return DraftEntries(position_slots(block_table, step.base, block_size), step.base, _last_tokens(step, runner),
-                        features[step.flat_start])
+                        features.index_select(0, step.flat_start))
 
 
 def _last_tokens(step: Step, runner) -> torch.Tensor:

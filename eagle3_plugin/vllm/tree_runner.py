@@ -226,11 +226,12 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         ended = time.perf_counter()
         self.timings.draft += ended - began
         if self._pending_record.wanted:
-            whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
-            has_tree = self._drafted.total_tokens > 1 and bool(whole.any())
-            self._pending_record.hold(step.began, verified=self._drafted, drafted=shape,
-                                      trees=step.tree.select(whole) if has_tree else None,
-                                      verdict=step.verdict.select(whole) if has_tree else None,
+            trees = verdict = None
+            if self._drafted.total_tokens > 1:
+                whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
+                if bool(whole.any()):
+                    trees, verdict = step.tree.select(whole), step.verdict.select(whole)
+            self._pending_record.hold(step.began, verified=self._drafted, drafted=shape, trees=trees, verdict=verdict,
                                       decode_only=step.decode_only, draft_seconds=ended - began, batch=step.num_reqs)
         self._drafted = shape
         return drafts
