@@ -63,10 +63,14 @@ def build_verify_input(trees: DraftTree, seq_lens: torch.Tensor, *, params: Samp
                        method: str, vocab_size: int, topk: int) -> TreeVerifyInput:
     """One tree per request (``trees [bs, N]``, any ``N`` up to SGLang's ``--speculative-num-draft-tokens``, for
     which it allocated slots); ``seq_lens``: committed length per request. The mask is in SGLang's CPU layout (the
-    worker refuses other devices at start-up)."""
+    worker refuses other devices at start-up). ``topk``: the configured tree's; a step whose trees are all chains
+    (the budget drafted the chain, or nothing) is verified with ``topk`` 1, as SGLang verifies a configured chain:
+    its attention skips the tree mask (the causal mask is the same) and its accepted path needs no compaction."""
     bs, n = trees.tokens.shape
     device = seq_lens.device
     next_token, next_sibling = _links(trees)
+    if bool((trees.depths == torch.arange(n, device=device)).all()):  # chains (or roots alone): verified as such
+        topk = 1
     return TreeVerifyInput(
         draft_token=trees.tokens.reshape(-1),
         custom_mask=trees.ancestor_mask().reshape(-1),

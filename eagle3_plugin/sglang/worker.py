@@ -176,7 +176,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         return run_eagle_verify(
             batch, pp_proxy_tensors=pp_proxy_tensors, target_worker=self.target_worker,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
-            plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx, topk=self.topk,
+            plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx, topk=batch.spec_info.topk,
             num_draft_tokens=batch.spec_info.draft_token_num, device=self.device, metadata_ready_pre_pad=False,
             finalize_tree_path=True, grammar_barrier=grammar_barrier)
 

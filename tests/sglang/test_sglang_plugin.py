@@ -136,6 +136,30 @@ def test_our_joint_filter_keeps_what_sglang_keeps():
     assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-3000:]
 
 
+CHAINS_VERIFY_AS_CHAINS = """
+import torch
+from eagle3_plugin.rng import RowRandom
+from eagle3_plugin.sampler import SamplingParams
+from eagle3_plugin.sglang.verify import build_verify_input
+from eagle3_plugin.tree import DraftTree
+nodes = torch.arange(4).expand(2, -1)
+chains = DraftTree(nodes + 10, nodes - 1, nodes.clone())
+trees = DraftTree(nodes + 10, torch.tensor([[-1, 0, 0, 1]] * 2), torch.tensor([[0, 1, 1, 2]] * 2))
+roots = DraftTree.root_only(torch.tensor([3, 4]))
+settings = dict(params=SamplingParams.uniform(2), random=RowRandom(torch.Generator(), {}), method="real",
+                vocab_size=64, topk=4)
+print(*(build_verify_input(t, torch.tensor([5, 7]), **settings).tree_topk for t in (chains, trees, roots)))
+"""
+
+
+def test_a_step_of_chains_is_verified_as_sglang_verifies_a_configured_chain():
+    """Under a tree configuration the auto budget drafts chains (or nothing) on most steps: those steps tell SGLang
+    topk 1, so its attention skips the tree mask and its verify step the accepted path's compaction."""
+    proc = subprocess.run([SGLANG_PYTHON, "-c", CHAINS_VERIFY_AS_CHAINS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "4", "1"]
+
+
 def test_an_unsupported_sglang_version_stops_with_one_clear_error():
     code = ("import sglang; sglang.__version__ = '0.5.22'\n"
             "from eagle3_plugin.sglang.plugin import register\nregister()")
