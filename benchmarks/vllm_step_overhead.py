@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     budget.TreeBudget.shape = lambda self, batch, seeded=False: budget.NONE
     tok = AutoTokenizer.from_pretrained(a.target)
     prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(a.prompts)[:a.batch]]
-    ours = Eagle3Config(draft=os.path.abspath(a.draft), mode="tree", depth=5, top_k=8, total_tokens=32).to_dict()
+    ours = Eagle3Config.load(a.draft).to_dict()  # the draft's own tree: vLLM schedules look-ahead slots for it
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
     engines = {}
     for name, spec in (("no speculation", None), ("ours, drafting nothing", ours)):

@@ -60,6 +60,16 @@ class DraftTree:
         probs = None if self.draft_probs is None else self.draft_probs[:, :n]
         return DraftTree(self.tokens[:, :n], self.parents[:, :n], self.depths[:, :n], probs, self.hot_ids)
 
+    def paths(self, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[B]`` bool: whether each row's nodes (its first ``counts[b]``; all by default) form one path from the
+        root, node ``i`` at depth ``i``: a chain, which an engine verifies as one (causal attention, positions in
+        order, an accepted path already in place)."""
+        nodes = torch.arange(self.size, device=self.depths.device)
+        off_path = self.depths != nodes
+        if counts is not None:
+            off_path &= nodes[None] < counts[:, None]
+        return ~off_path.any(1)
+
     def ancestor_mask(self) -> torch.Tensor:
         """``[B, N, N]`` bool: node j is node i or one of its ancestors (the tree attention mask); computed once."""
         if self.__dict__.get("_ancestors") is None:

@@ -93,6 +93,22 @@ def test_masks_and_paths():
             assert kids == sorted(kids) and all(int(tree.parents[b, c]) == i for c in kids)
 
 
+def test_a_row_is_a_path_when_node_i_sits_at_depth_i():
+    """Chains and roots alone are paths; a tree is not, unless only its path prefix counts (a tree the scheduler
+    cut to its first nodes)."""
+    from eagle3_plugin.tree import DraftTree
+    chain = DraftTree(torch.arange(4)[None], torch.arange(4)[None] - 1, torch.arange(4)[None])
+    tree = DraftTree(torch.arange(4)[None], torch.tensor([[-1, 0, 1, 0]]), torch.tensor([[0, 1, 2, 1]]))
+    both = DraftTree.stack([chain, tree])
+    assert both.paths().tolist() == [True, False]
+    assert both.paths(torch.tensor([4, 3])).tolist() == [True, True]  # the tree's first 3 nodes: root -> 1 -> 2
+    assert both.paths(torch.tensor([2, 4])).tolist() == [True, False]
+    assert DraftTree.root_only(torch.tensor([5, 6])).paths().tolist() == [True, True]
+    toy = Bigram(vocab=40, draft_vocab=40, seed=4)
+    assert build(toy, 2, depth=3, top_k=1, total=4).paths().all()
+    assert not build(toy, 2, depth=3, top_k=2, total=7).paths().any()
+
+
 def test_sampled_tree_carries_the_draft_distribution_of_each_expanded_node():
     toy = Bigram(vocab=40, draft_vocab=30, seed=6)
     tree = build(toy, 8, depth=3, top_k=3, total=9, temperature=0.8, sample=True)

@@ -75,8 +75,8 @@ class Step:
         joined = bool(scheduler_output.scheduled_new_reqs or scheduler_output.scheduled_cached_reqs.resumed_req_ids)
         if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
             roots = torch.zeros(b, dtype=torch.long)
-            return cls(req_ids, base, flat_start, count, roots + 1, prefilling, DraftTree.root_only(roots), None,
-                       joined)
+            return cls(req_ids, base, flat_start, count, torch.ones_like(roots), prefilling, DraftTree.root_only(roots),
+                       None, joined)
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         tree = _trees(pending, req_ids, node_count)
         step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined)
@@ -85,7 +85,7 @@ class Step:
             step._check_scheduled_tokens(runner.input_ids.cpu)
             nodes = torch.arange(tree.size)
             is_node = (nodes[None] < node_count[:, None]) & has_tree[:, None]
-            not_path = has_tree & ((tree.depths != nodes) & is_node).any(1)
+            not_path = has_tree & ~tree.paths(node_count)
             if bool(not_path.any()):  # a path's positions (root + node index) are vLLM's already
                 is_node &= not_path[:, None]
                 flat = (flat_start[:, None] + nodes)[is_node]
