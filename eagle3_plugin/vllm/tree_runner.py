@@ -12,6 +12,7 @@ One engine step, for the whole batch at once (the scheduler, the KV manager and 
     propose           core Speculator: one draft catch-up forward on every request's new entries, then one
                       forward per tree level; the draft's KV lives in vLLM's paged cache (the layer vLLM
                       allocated for its own EAGLE drafter), so prefix caching and preemption cover it
+    sample_tokens     returns the step's output with the draft tokens attached (:mod:`.draft_handoff`)
 
 vLLM counts accepted tokens as it does for chains (num_computed_tokens, spec-decode metrics: a tree of N nodes
 is N - 1 draft tokens, per-position acceptance is per depth). Trees the scheduler cut short (length limits,
@@ -32,12 +33,12 @@ from ..config import Eagle3Config
 from ..rng import RowRandom
 from ..speculator import ProposedTrees, Speculator, TreeShape
 from ..timings import PluginTimings
-from . import paged_kv, tree_attention
+from . import draft_handoff, paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
 from .step import Step, draft_entries, draft_rows, sampling_params
 
-from vllm.v1.outputs import SamplerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 
@@ -181,6 +182,14 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             return
         slots = self.input_batch.block_table.block_tables[self._target_group].slot_mapping.cpu
         paged_kv.move_slots(self._target_kv, slots[src].long(), slots[dst].long())
+
+    def sample_tokens(self, grammar_output):
+        """vLLM's, with the step's draft tokens attached to its output (:mod:`.draft_handoff`)."""
+        output = super().sample_tokens(grammar_output)
+        fresh = isinstance(output, ModelRunnerOutput) and output is not EMPTY_MODEL_RUNNER_OUTPUT  # not vLLM's shared one
+        if self.eagle3 is not None and fresh:
+            draft_handoff.attach(output, self.take_draft_token_ids())
+        return output
 
     def _logprobs(self, logits, step: Step, num_logprobs: int):
         """vLLM's logprobs tensors for the emitted tokens (row-major over ``step.emitted``, -1 padded), each from

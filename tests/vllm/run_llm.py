@@ -9,6 +9,8 @@ batch of ``batches`` may be ``{"prompts": [...], "sampling": [...]}`` to carry i
 ``shape_cycle``: our worker's tree shapes forced step by step, cycling through this list (each ``"tree"`` or
 ``"none"``) in place of its budget's choice; ``defer_steps``: the speculator's ``DEFER_STEPS`` (1: steps without a
 tree store their entries at once). With either, the engine runs in this process, where the overrides apply.
+``count_draft_requests``: the engine runs in this process and the result counts the engine core's requests for
+draft tokens (``take_draft_token_ids``, a round trip to the worker's process when it has one).
 """
 
 import json
@@ -42,10 +44,24 @@ def force_shapes(cycle: list) -> None:
     budget.TreeBudget.shape = shape
 
 
+def count_draft_requests(llm) -> list:
+    """Count the engine core's ``take_draft_token_ids`` calls to its executor (an in-process engine), in a list of
+    one, which the caller may reset."""
+    executor = llm.llm_engine.engine_core.engine_core.model_executor
+    take, count = executor.take_draft_token_ids, [0]
+
+    def counted():
+        count[0] += 1
+        return take()
+
+    executor.take_draft_token_ids = counted
+    return count
+
+
 def main() -> None:
     spec = json.load(sys.stdin)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if spec.get("shape_cycle") or spec.get("defer_steps"):
+    if spec.get("shape_cycle") or spec.get("defer_steps") or spec.get("count_draft_requests"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if spec.get("shape_cycle"):
             force_shapes(spec["shape_cycle"])
@@ -64,6 +80,7 @@ def main() -> None:
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
+    draft_requests = count_draft_requests(llm) if spec.get("count_draft_requests") else None
     common = dict(max_tokens=spec["max_tokens"], ignore_eos=True, seed=spec.get("request_seed"))
     results = []
     for batch in spec.get("batches") or [dict(prompts=spec["prompts"], sampling=spec.get("sampling"))]:
@@ -77,6 +94,8 @@ def main() -> None:
                                use_tqdm=False)
         results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
                         "metrics": difference(spec_counters(llm), before)})
+        if draft_requests is not None:
+            results[-1]["draft_requests"], draft_requests[0] = draft_requests[0], 0
     print("RESULT " + json.dumps(results[0] if "prompts" in spec else {"batches": results}))
 
 
