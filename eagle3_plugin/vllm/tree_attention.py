@@ -32,13 +32,16 @@ class TreeAttention:
     """The step's tree requests: ``rows [R]`` (batch rows), ``queries [R, N]`` (flat index of each node's query
     token; only ``is_query`` nodes exist), and ``allowed [R, N, L]`` over positions ``0 .. L - 1``, ``L`` a
     multiple of the block size. ``whole_step``: these rows are every query token of the step (the kernel has nothing
-    else to compute). ``seconds``: time spent on tree rows, all layers."""
+    else to compute). ``dense``: besides, every row has ``N`` nodes and the rows follow each other, so the step's
+    query tokens are the ``[R, N]`` nodes in order (a fixed tree at any batch): queries and outputs are read and
+    written in place, not gathered and scattered. ``seconds``: time spent on tree rows, all layers."""
 
     rows: torch.Tensor
     queries: torch.Tensor
     is_query: torch.Tensor
     allowed: torch.Tensor
     whole_step: bool = False
+    dense: bool = False
     seconds: float = 0.0
     _blocks: Optional[tuple] = None  # (block table it was read from, the rows' block ids): same for every layer
     _mask: Optional[torch.Tensor] = None  # ``allowed`` as the attention's additive mask: same for every layer
@@ -62,7 +65,8 @@ class TreeAttention:
         tree_part &= ((in_tree >= 0) & (in_tree < node_count[:, None]))[:, None, :]
         allowed = tree_part | (in_tree < 0)[:, None, :]
         is_query = nodes[None] < node_count[:, None]
-        return cls(rows, flat_start[:, None] + torch.where(is_query, nodes, 0), is_query, allowed, whole_step)
+        dense = whole_step and bool(is_query.all()) and torch.equal(flat_start, torch.arange(len(rows)) * n)
+        return cls(rows, flat_start[:, None] + torch.where(is_query, nodes, 0), is_query, allowed, whole_step, dense)
 
     def attend(self, query, kv_cache, block_table, output, scale: float) -> None:
         """Compute the tree rows of ``output [tokens, Hq, D]`` from ``query [tokens, Hq, D]``."""
@@ -72,11 +76,16 @@ class TreeAttention:
             self._blocks = (block_table, blocks.long())
         keys, values = paged_kv.gather_blocks(kv_cache, self._blocks[1])
         r, n = self.queries.shape
-        q = query.index_select(0, self.queries.flatten()).view(r, n, *query.shape[1:]).transpose(1, 2)  # [R, Hq, N, D]
+        nodes = query[:r * n] if self.dense else query.index_select(0, self.queries.flatten())
+        q = nodes.view(r, n, *query.shape[1:]).transpose(1, 2)  # [R, Hq, N, D]
         if self._mask is None:
             self._mask = grouped_mask(self.allowed, q.shape[1] // keys.shape[1], q.dtype)
-        out = masked_attention(q, keys, values, self._mask, scale).transpose(1, 2).reshape(r * n, *query.shape[1:])
-        output.index_copy_(0, self.query_tokens, out.index_select(0, self.query_nodes).to(output.dtype))
+        out = masked_attention(q, keys, values, self._mask, scale).transpose(1, 2)  # [R, N, Hq, D]
+        if self.dense:
+            output[:r * n].view(r, n, *output.shape[1:]).copy_(out)
+        else:
+            out = out.reshape(r * n, *query.shape[1:]).index_select(0, self.query_nodes)
+            output.index_copy_(0, self.query_tokens, out.to(output.dtype))
         self.seconds += time.perf_counter() - began
 
 
