@@ -68,7 +68,9 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(a.target)
     prompts = [TokensPrompt(prompt_token_ids=encode_prompt(tok, r.prompt))
                for r in read_prompts(a.prompts)[:a.batch]]
-    config = Eagle3Config.load(a.draft) if a.shape == "none" else Eagle3Config.chain(5, draft=a.draft, budget="fixed")
+    config = Eagle3Config.load(a.draft)  # the draft's own tree, or the chain of its depth
+    if a.shape == "chain":
+        config = Eagle3Config.chain(config.depth, draft=a.draft, budget="fixed")
     llm = LLM(model=a.target, dtype="float32", max_model_len=2048, enforce_eager=True,
               speculative_config=config.to_dict())
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
