@@ -186,7 +186,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
     def sample_tokens(self, grammar_output):
         """vLLM's, with the step's draft tokens attached to its output (:mod:`.draft_handoff`)."""
         output = super().sample_tokens(grammar_output)
-        fresh = isinstance(output, ModelRunnerOutput) and output is not EMPTY_MODEL_RUNNER_OUTPUT  # not vLLM's shared one
+        fresh = isinstance(output, ModelRunnerOutput) and output is not EMPTY_MODEL_RUNNER_OUTPUT  # not a shared one
         if self.eagle3 is not None and fresh:
             draft_handoff.attach(output, self.take_draft_token_ids())
         return output
