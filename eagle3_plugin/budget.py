@@ -22,8 +22,10 @@ measured, never assumed:
   round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
   first child at each level is the chain's node). Acceptance varies from prompt to prompt far more than between
   shapes, so the tree is judged on the same rounds as the chain: its expected acceptance is the chain's recent
-  mean times what the tree accepted over what its chain accepted in the tree's own rounds (means taken on
-  different prompts would favour whichever shape ran on the easier ones).
+  mean raised by what the tree gained over its chain in the tree's own rounds (means taken on different prompts
+  would favour whichever shape ran on the easier ones; :meth:`TreeBudget.expected_accepted`); where a wide tree
+  held its chain short of full depth and the chain accepted all of it, the chain is credited what it accepts past
+  there (:class:`ChainDepths`).
 
 The ladder of shapes is the configured tree, the chain of its depth, and none. A bigger shape is chosen over a
 smaller one only when it is expected to be :data:`MARGIN` faster: the estimates move by tens of percent with the
@@ -150,6 +152,40 @@ class RoundMean:
         self.rounds += accepted.numel()
 
 
+class ChainDepths:
+    """How deep the chain gets: for each depth ``j``, of the recent request-rounds whose chain accepted its first
+    ``j - 1`` nodes and held a node at depth ``j``, the share that accepted it (forgotten as :class:`RoundMean`).
+
+    A wide tree holds its chain only to some depth (its deepest first children lose to other branches), so what
+    the chain accepted inside a tree's round stops short where the chain alone would have gone on; counted as is,
+    it makes the tree look better than its chain by what is cut off. :meth:`completed` adds what the chain is
+    expected to accept past the depth it was held to, from these shares."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.reached = torch.zeros(depth, dtype=torch.float64)
+        self.passed = torch.zeros(depth, dtype=torch.float64)
+
+    def observe(self, accepted: torch.Tensor, held: torch.Tensor) -> None:
+        """``accepted [R]``: chain nodes each request-round accepted; ``held [R]``: the depth its chain reached."""
+        j = torch.arange(1, self.depth + 1)
+        seen = j[None] <= held.cpu()[:, None]
+        accepted = accepted.cpu()[:, None]
+        decay = ROUND_MEMORY ** accepted.shape[0]
+        self.reached = decay * self.reached + (seen & (accepted >= j - 1)).sum(0)
+        self.passed = decay * self.passed + (seen & (accepted >= j)).sum(0)
+
+    def completed(self, accepted: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+        """``accepted``, plus, in rounds that accepted the whole chain they held short of full depth, what the chain
+        is expected to accept past it (0 where no round has shown a depth yet)."""
+        share = (self.passed / self.reached.clamp(min=1e-9)).tolist()
+        beyond = [0.0] * (self.depth + 1)  # beyond[h]: expected nodes accepted past depth h, having accepted to h
+        for h in reversed(range(self.depth)):
+            beyond[h] = share[h] * (1.0 + beyond[h + 1])
+        cut = (accepted == held) & (held < self.depth)
+        return accepted + cut * torch.tensor(beyond, dtype=torch.float32, device=held.device)[held]
+
+
 @torch.inference_mode()
 def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype, device,
                         batches=(1, 8), context: int = 256, repeats: int = 3) -> dict[TreeShape, Line]:
@@ -193,7 +229,8 @@ class TreeBudget:
         self.drafted_at = {s: 0 for s in self.shapes}  # the step each shape last drafted
         self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
-        self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only
+        self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
+        self.chain_depths = ChainDepths(config.depth)
         self.last_run = {s: 0 for s in self.shapes}
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
@@ -278,14 +315,18 @@ class TreeBudget:
 
     def expected_accepted(self, s: TreeShape) -> float:
         """Accepted draft tokens per request-round expected of ``s`` now: for the tree, the chain's recent mean
-        times the tree's ratio to its chain in the tree's rounds (its own mean when there is no chain shape, or no
-        paired rounds yet)."""
+        plus the tree's gain over its chain in the tree's rounds, taken as a ratio or as a difference, whichever is
+        less, and at most its depth (its own mean when there is no chain shape, or no paired rounds yet). Across
+        prompts the gain is neither a fixed ratio nor a fixed difference (on a prompt the chain finds hard, the
+        other branches add much in ratio, little in tokens), and the tree's rounds come from the few prompts it
+        was probed on: the lower of the two does not credit the tree everywhere with what it gained there."""
         if s == NONE:
             return 0.0
         chain, paired = self.chain, self.chain_in_tree.value
         if s == chain or chain is None or not paired or self.accepted[chain].value is None:
             return self.accepted[s].value
-        return self.accepted[chain].value * self.accepted[s].value / paired
+        now, tree = self.accepted[chain].value, self.accepted[s].value
+        return max(min(now * tree / paired, now + tree - paired, float(s.depth)), 0.0)
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
@@ -309,10 +350,16 @@ class TreeBudget:
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted)
-        if self.chain is not None and verified != self.chain:
-            chain_accepted = _chain_accepted(trees, verdict.accepted)
-            self.accepted[self.chain].observe(chain_accepted)
-            self.chain_in_tree.observe(chain_accepted)
+        if self.chain is None:
+            return
+        if verified == self.chain:
+            self.chain_depths.observe(verdict.num_accepted, torch.full_like(verdict.num_accepted, self.chain.depth))
+            return
+        chain_accepted, held = _chain_accepted(trees, verdict.accepted)
+        self.chain_depths.observe(chain_accepted, held)
+        chain_accepted = self.chain_depths.completed(chain_accepted, held)
+        self.accepted[self.chain].observe(chain_accepted)
+        self.chain_in_tree.observe(chain_accepted)
 
 
 class PendingRecord:
@@ -344,14 +391,18 @@ class PendingRecord:
         self.budget.record(**entry, decode_only=decode_only, step_seconds=0.0 if now is None else now - began)
 
 
-def _chain_accepted(trees: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
-    """``[B]``: how many accepted nodes (``accepted [B, depth + 1]``, root first), from the root down, are each
+def _chain_accepted(trees: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B]`` each: how many accepted nodes (``accepted [B, depth + 1]``, root first), from the root down, are each
     their parent's first child: what the chain the tree contains (the draft's argmax at each level, for greedy
-    drafting) would have accepted."""
+    drafting) accepted; and how deep that chain goes in the tree."""
     n = trees.size
     nodes = torch.arange(n, device=trees.parents.device)
     is_child = trees.parents[:, None, :] == nodes[None, :, None]  # [B, parent, child]
     first_child = torch.where(is_child.any(2), is_child.float().argmax(2), -1)
     child = accepted[:, 1:]
     on_chain = (child >= 0) & (first_child.gather(1, accepted[:, :-1].clamp(min=0)) == child)
-    return on_chain.long().cumprod(1).sum(1)
+    node, held = torch.zeros_like(accepted[:, 0]), torch.zeros_like(accepted[:, 0])
+    for _ in range(child.shape[1]):  # down the first children from the root
+        node = torch.where(node >= 0, first_child.gather(1, node.clamp(min=0)[:, None])[:, 0], -1)
+        held += node >= 0
+    return on_chain.long().cumprod(1).sum(1), held

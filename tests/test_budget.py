@@ -267,3 +267,39 @@ def test_a_shape_measured_in_another_spell_of_the_machine_is_probed_before_it_is
             assert chosen == [tree] * PROBE_STEPS + [chain] and budget.current == chain
             # the probe's steps, not the old ones (the first counted as OUTLIER x the old fit at most)
             assert budget.verify_cost[tree](1) == pytest.approx(0.030, rel=0.1)
+
+
+def test_the_chain_inside_a_wide_tree_is_completed_past_the_depth_the_tree_held_it_to():
+    """The chain alone accepts all 3 of its nodes. A wide tree (root; 1 and 2 under it; 3 under 1; 4 under 2) holds
+    its chain only to depth 2: where it accepts 1 -> 3, its chain accepted all it held and would have gone on (it
+    always did alone). Counted as 2, the tree (2 accepted) would look as good as its chain, which accepts 3."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    for _ in range(MIN_ROUNDS):
+        budget.record(chain, chain, *rounds(1, [1, 3, 4]), True, 0.010, 0.001, 1)
+    wide = DraftTree(torch.arange(5)[None], torch.tensor([[-1, 0, 0, 1, 2]]), torch.tensor([[0, 1, 1, 2, 2]]))
+
+    def tree_round(path: list[int]) -> float:
+        """Record a round of the wide tree accepting ``path``; what its chain is counted to have accepted."""
+        verdict = Verdict(torch.tensor([[0] + path + [-1]]), torch.tensor([2]), torch.zeros(1, dtype=torch.long))
+        before = budget.chain_in_tree.total
+        budget.record(tree, tree, wide, verdict, True, 0.010, 0.001, 1)
+        return budget.chain_in_tree.total - ROUND_MEMORY * before
+
+    assert [tree_round([1, 3]) for _ in range(MIN_ROUNDS)] == pytest.approx([3.0] * MIN_ROUNDS)
+    assert budget.expected_accepted(tree) == pytest.approx(budget.accepted[chain].value * 2 / 3)
+    assert tree_round([2, 4]) == 0  # it left the chain at once: nothing to complete
+
+
+def test_the_tree_is_credited_the_lower_of_its_gain_as_a_ratio_and_as_a_difference():
+    """In the tree's rounds it accepted 2, its chain 1.5 (4/3, +0.5). Where the chain now accepts 2.4 a round the
+    tree is expected to add 0.5 (not 4/3 of 2.4 = 3.2); where the chain accepts 0.6, 4/3 of it (not 0.6 + 0.5);
+    and never more than its depth."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    for path in ([1, 3, 4], [2]) * MIN_ROUNDS:  # tree 3 and 1, its chain 3 and 0
+        budget.record(tree, tree, *rounds(1, path), True, 0.012, 0.001, 1)
+    for chain_now, expected in ((2.4, 2.9), (0.6, 0.8), (3.0, CONFIG.depth)):
+        budget.accepted[chain] = RoundMean()
+        budget.accepted[chain].observe(torch.full((100,), chain_now))
+        assert budget.expected_accepted(tree) == pytest.approx(expected, rel=0.02)
