@@ -17,7 +17,7 @@ measured, never assumed:
 - ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
   attention, verification, the engine's own work: a step runs from its start to the next step's start,
   :class:`PendingRecord`), a line in ``B`` per shape, fitted online on steps without prompt chunks (recursive least
-  squares, forgetting by time: what a shape cost hundreds of steps ago weighs little once it runs again);
+  squares with forgetting);
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
   round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
   first child at each level is the chain's node). Acceptance varies from prompt to prompt far more than between
@@ -32,13 +32,10 @@ smaller one only when it is expected to be :data:`MARGIN` faster: the estimates 
 prompts, and speculating has a cost a step's estimate does not see (requests that would have ended together finish
 at different steps, and the batch drains over a tail of small steps). Once chosen, a shape is kept while it is
 expected to be faster at all (a switch has costs of its own: a step after some that drafted nothing first stores
-their entries), so estimates near the margin do not make the budget alternate. This machine's speed drifts by tens
-of percent within minutes, and only the shape being run follows it: a bigger shape whose costs were measured more
-than :data:`FRESH` steps ago is probed before it is switched to, and judged on what the probe measured. A shape
-with too few measurements (:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a
-while, or whose cost was not measured at about this batch size (a line fitted at batch 1 and 4 says little about
-batch 32) unless it would lose there even at the cost it was measured at for fewer requests, is probed
-(:data:`PROBE_STEPS` steps in a row);
+their entries), so estimates near the margin do not make the budget alternate. A shape with too few measurements
+(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
+not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32) unless it would
+lose there even at the cost it was measured at for fewer requests, is probed (:data:`PROBE_STEPS` steps in a row);
 a shape probed and still not chosen waits twice as long for its next probe
 (up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses under load is not paid for every few hundred steps.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
@@ -62,46 +59,38 @@ NONE = TreeShape(1, 1, 1)
 PROBE_EVERY = 200  # steps between probes of a shape that is not being run (doubled after each probe, up to the max)
 PROBE_EVERY_MAX = 3200
 PROBE_STEPS = 3  # steps a probe runs its shape (one step says little)
-FORGET = 0.95  # weight of the past per engine step in the online cost fits (time passes for shapes not run too)
+FORGET = 0.95  # weight of the past per observation in the online cost fits
 MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
-FRESH = PROBE_EVERY // 4  # steps after which a shape's measured costs are stale: probed before it is switched to
 
 
 @dataclass
 class Line:
-    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting by time: the past
-    weighs :data:`FORGET` per step since the last observation, so the first observations of a shape not run for a
-    while outweigh what was measured in another spell of the machine (its speed drifts by tens of percent within
-    minutes). Once fitted, an observation counts at most :data:`OUTLIER` times the fit: a step another process
-    slowed moves it by little, while a cost that truly grew is followed within a hundred observations.
-    :meth:`covers` tells where the fit rests on recent observations rather than on extrapolation."""
+    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting. Once fitted, an
+    observation counts at most :data:`OUTLIER` times the fit: a step another process slowed moves it by little,
+    while a cost that truly grew is followed within a hundred observations. :meth:`covers` tells where the fit
+    rests on recent observations rather than on extrapolation."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
     observations: int = 0
-    last_step: Optional[int] = None  # the caller's step count at the last observation
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
     _weight_near: dict = field(default_factory=dict)  # power-of-two bucket of units -> weight of its observations
 
     def __call__(self, units: float) -> float:
         return self.fixed + self.per_unit * units
 
-    def observe(self, units: float, seconds: float, step: Optional[int] = None) -> None:
-        """One observation; ``step``: the caller's step count (None: the step after the last observation)."""
+    def observe(self, units: float, seconds: float) -> None:
         fit = self(units)
         if self.observations >= MIN_OBSERVATIONS and fit > 0:
             seconds = min(seconds, OUTLIER * fit)
-        elapsed = 1 if step is None or self.last_step is None else max(step - self.last_step, 1)
-        self.last_step = step if step is not None else (self.last_step or 0) + 1
-        past = FORGET ** elapsed
-        n, sx, sy, sxx, sxy = (past * v for v in self._stats)
+        n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
-        self._weight_near = {b: past * w for b, w in self._weight_near.items()}
+        self._weight_near = {b: FORGET * w for b, w in self._weight_near.items()}
         self._weight_near[_bucket(units)] = self._weight_near.get(_bucket(units), 0.0) + 1.0
         n, sx, sy, sxx, sxy = self._stats
         self.observations += 1
@@ -109,10 +98,6 @@ class Line:
         if spread > 1e-6 * max(sxx, 1.0):
             self.per_unit = max((sxy - sx * sy / n) / spread, 0.0)
         self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
-
-    def stale(self, step: int) -> bool:
-        """Whether the last observation is more than :data:`FRESH` steps before ``step`` (or there is none)."""
-        return self.last_step is None or step - self.last_step > FRESH
 
     def covers(self, units: float) -> bool:
         """Whether observations within a factor of about 2 of ``units`` still weigh :data:`COVERED` in the fit."""
@@ -226,7 +211,6 @@ class TreeBudget:
         self.auto = config.budget == "auto"
         self.draft_costs = draft_costs or {}
         self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
-        self.drafted_at = {s: 0 for s in self.shapes}  # the step each shape last drafted
         self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
@@ -265,14 +249,7 @@ class TreeBudget:
             if self.probe_left[s] > 0 or not self._measured(s):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
-        best = self.best(batch)
-        if self.shapes.index(best) < self.shapes.index(self.current) and self.verify_cost[best].stale(self.steps):
-            # it would win on costs measured in another spell of this machine: measure it now, then judge
-            if self.steps - self.last_probe[best] <= PROBE_EVERY // 4:
-                return self.current
-            self.probe_left[best], self.last_run[best], self.last_probe[best] = PROBE_STEPS - 1, self.steps, self.steps
-            return best
-        self.current = best
+        best = self.current = self.best(batch)
         self.probe_every[best] = PROBE_EVERY
         return best
 
@@ -340,13 +317,11 @@ class TreeBudget:
         there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them."""
         self.last_run[verified] = self.steps
         if decode_only and batch > 0:
-            self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0), self.steps)
+            self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0))
         measured = self.draft_costs.get(drafted)
-        if measured is not None and batch > 0 and measured(batch) > 0:  # forgotten by time, as the cost lines
-            scale, past = self.draft_scale[drafted], 0.9 ** max(self.steps - self.drafted_at[drafted], 1)
-            observed = min(draft_seconds / measured(batch), OUTLIER * scale)
-            self.draft_scale[drafted] = past * scale + (1 - past) * observed
-            self.drafted_at[drafted] = self.steps
+        if measured is not None and batch > 0 and measured(batch) > 0:
+            scale = self.draft_scale[drafted]
+            self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(draft_seconds / measured(batch), OUTLIER * scale)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted)

@@ -5,7 +5,7 @@ costs (the tree at batch 1, no speculation under a load where verification is de
 import pytest
 import torch
 
-from eagle3_plugin.budget import (FORGET, FRESH, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY,
+from eagle3_plugin.budget import (FORGET, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY,
                                  PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, Line, PendingRecord, RoundMean,
                                  TreeBudget)
 from eagle3_plugin.config import Eagle3Config
@@ -143,10 +143,8 @@ def test_a_shape_not_run_is_probed_for_a_few_steps_in_a_row():
         shape = budget.shape(1)
         chosen.append(shape)
         budget.record(shape, shape, None, None, True, 0.011 if shape == tree else 0.006, 0.001, 1)
-    assert chosen[-2 * PROBE_STEPS - 2:-1] == [tree] + [chain] * PROBE_STEPS + [NONE] * PROBE_STEPS
-    # measured PROBE_EVERY steps ago, the old cost weighs FORGET ** PROBE_EVERY: the probe's steps tell the cost now
-    assert budget.verify_cost[chain](1) == pytest.approx(0.005, rel=0.01)
-    assert chosen[-1] == chain  # and on them the chain is faster than the tree (4 tokens in 6 against 11 ms)
+    assert chosen[-2 * PROBE_STEPS - 2:] == [tree] + [chain] * PROBE_STEPS + [NONE] * PROBE_STEPS + [tree]
+    assert budget.verify_cost[chain](1) < 0.030 * FORGET ** PROBE_STEPS + 0.006  # each probe step moved the fit
 
 
 def test_the_tree_is_judged_on_the_same_rounds_as_its_chain():
@@ -236,37 +234,6 @@ def test_a_shape_that_loses_at_a_smaller_batch_is_not_probed_at_a_larger_one():
     assert [budget.shape(32) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
     assert not budget.would_lose(tree, 2)  # no bucket at or below 2 was measured: it cannot tell
     assert Line().floor(32) is None
-
-
-def test_a_shape_measured_in_another_spell_of_the_machine_is_probed_before_it_is_switched_to():
-    """The tree's step cost 12 ms when last measured, 300 steps ago; since then the machine slowed and the chain,
-    run all along, costs 20 ms. On those costs the tree would win, so it is probed: 30 ms now, and the chain is
-    kept. Costs measured within :data:`FRESH` steps are trusted: the same tree, measured lately, is chosen at once."""
-    for measured_ago, expected in ((300, "probe, then the chain"), (FRESH // 2, "the tree at once")):
-        budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
-        tree, chain = budget.shapes[:2]
-        budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
-        budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
-        now = 400
-        for step in range(now - measured_ago - 10, now - measured_ago):
-            budget.verify_cost[tree].observe(1, 0.012, step)
-        for step in range(now - 10, now):
-            budget.verify_cost[chain].observe(1, 0.020, step)
-            budget.verify_cost[NONE].observe(1, 0.010, step)
-        budget.steps, budget.current = now, chain
-        budget.last_run = {s: now for s in budget.shapes}  # no periodic probe due
-        assert budget.tokens_per_second(tree, 1) > MARGIN * budget.tokens_per_second(chain, 1)
-        chosen = []
-        for _ in range(PROBE_STEPS + 1):
-            shape = budget.shape(1)
-            chosen.append(shape)
-            budget.record(shape, shape, None, None, True, 0.031 if shape == tree else 0.021, 0.001, 1)
-        if expected == "the tree at once":
-            assert chosen == [tree] * (PROBE_STEPS + 1) and budget.current == tree
-        else:
-            assert chosen == [tree] * PROBE_STEPS + [chain] and budget.current == chain
-            # the probe's steps, not the old ones (the first counted as OUTLIER x the old fit at most)
-            assert budget.verify_cost[tree](1) == pytest.approx(0.030, rel=0.1)
 
 
 def test_the_chain_inside_a_wide_tree_is_completed_past_the_depth_the_tree_held_it_to():
