@@ -17,7 +17,8 @@ measured, never assumed:
 - ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
   attention, verification, the engine's own work: a step runs from its start to the next step's start,
   :class:`PendingRecord`), a line in ``B`` per shape, fitted online on steps without prompt chunks (recursive least
-  squares with forgetting);
+  squares with forgetting). Both are kept in a common scale, divided by the machine's speed now
+  (:meth:`TreeBudget.record`): a shape run in a slow spell is not compared with shapes last run in a fast one;
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
   round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
   first child at each level is the chain's node). Acceptance varies from prompt to prompt far more than between
@@ -66,6 +67,9 @@ MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
+# How far a step of the chosen shape moves the machine's speed toward what the step showed; the shape's own cost line
+# moves 1 - FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
+SPEED_STEP = 0.3
 
 
 @dataclass
@@ -210,7 +214,8 @@ class TreeBudget:
         self.chain = chain if chain != tree else None  # the tree's chain, when it is a shape of its own
         self.auto = config.budget == "auto"
         self.draft_costs = draft_costs or {}
-        self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
+        self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds, over the speed
+        self.speed = 1.0  # how slow this machine runs now, against the costs as they are kept (see record)
         self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
@@ -258,6 +263,7 @@ class TreeBudget:
         batch (:meth:`Line.floor`): then a probe at this batch cannot change the choice, and is not paid for (a
         tree probed at 32 requests costs several plain steps each). False when it cannot tell."""
         floor = self.verify_cost[s].floor(batch)
+        floor = None if floor is None else self.speed * floor
         rivals = [self.tokens_per_second(o, batch) for o in self.shapes
                   if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]
         if floor is None or self.expected_accepted(s) is None or not rivals:
@@ -286,7 +292,7 @@ class TreeBudget:
         """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
         instead of its fitted line (a bound, :meth:`would_lose`)."""
         if verify_seconds is None:
-            verify_seconds = self.verify_cost[s](batch)
+            verify_seconds = self.speed * self.verify_cost[s](batch)
         seconds = verify_seconds + self.draft_seconds(s, batch)
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
 
@@ -307,21 +313,32 @@ class TreeBudget:
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
-        return 0.0 if line is None else self.draft_scale[s] * line(batch)
+        return 0.0 if line is None else self.speed * self.draft_scale[s] * line(batch)
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
                decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
         """After a step of ``batch`` requests: the shape its trees were drafted with last step (``verified``) and
         this step (``drafted``), the trees verified (``trees [R, N]`` and their ``verdict``, rows whose tree was
         verified whole only: one the scheduler cut near a length limit accepts less than its shape would; None when
-        there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them."""
+        there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them.
+
+        This machine's speed drifts by tens of percent within minutes, and only the shape being run shows it: kept
+        as measured, the costs of a shape run in a slow spell would be compared with those of shapes last run in a
+        fast one. So costs are kept divided by :attr:`speed`, which a step of the chosen shape (not a probe) moves
+        toward what it cost against its kept cost, and every estimate is multiplied back by it."""
         self.last_run[verified] = self.steps
         if decode_only and batch > 0:
-            self.verify_cost[verified].observe(batch, max(step_seconds - draft_seconds, 0.0))
+            seconds, line = max(step_seconds - draft_seconds, 0.0), self.verify_cost[verified]
+            if verified == self.current and line.observations >= MIN_OBSERVATIONS and line.covers(batch) \
+                    and line(batch) > 0:
+                drift = min(max(seconds / (self.speed * line(batch)), 1 / OUTLIER), OUTLIER)
+                self.speed *= 1 + SPEED_STEP * (drift - 1)
+            line.observe(batch, seconds / self.speed)
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0:
             scale = self.draft_scale[drafted]
-            self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(draft_seconds / measured(batch), OUTLIER * scale)
+            observed = draft_seconds / (self.speed * measured(batch))
+            self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(observed, OUTLIER * scale)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted)

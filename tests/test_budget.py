@@ -270,3 +270,24 @@ def test_the_tree_is_credited_the_lower_of_its_gain_as_a_ratio_and_as_a_differen
         budget.accepted[chain] = RoundMean()
         budget.accepted[chain].observe(torch.full((100,), chain_now))
         assert budget.expected_accepted(tree) == pytest.approx(expected, rel=0.02)
+
+
+def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_look_cheaper():
+    """The tree (3 accepted a round, 14 ms a step) loses narrowly to the chain (2, 10 ms). Then this machine slows
+    down 2x while the chain runs: its steps cost 20 ms, and the tree, not run, was measured in the fast spell. The
+    budget reads the spell as the machine's (its speed halves) and keeps the chain: the tree would cost 28 ms now."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    for s, seconds in ((tree, 0.014), (NONE, 0.010), (chain, 0.010)):
+        budget.current = s
+        for _ in range(20):
+            budget.record(s, s, None, None, True, seconds + 0.001, 0.001, 1)
+    before = budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1)
+    assert before < 1 and budget.shape(1) == chain
+    for _ in range(60):
+        budget.record(chain, chain, None, None, True, 0.022, 0.002, 1)
+    assert budget.speed == pytest.approx(2, rel=0.15)  # most of it: the chain's own line moved a little too
+    assert budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1) == pytest.approx(before, rel=0.1)
+    assert budget.shape(1) == chain
