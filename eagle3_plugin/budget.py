@@ -40,11 +40,14 @@ lose there even at the cost it was measured at for fewer requests, is probed (:d
 a shape probed and still not chosen waits twice as long for its next probe
 (up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses under load is not paid for every few hundred steps.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
-makes depend on its shape).
+makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
+(:class:`BudgetLog`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -67,6 +70,8 @@ MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
+LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
+LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
 # How far a step of the chosen shape moves the machine's speed toward what the step showed; the shape's own cost line
 # moves 1 - FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
 SPEED_STEP = 0.3
@@ -226,6 +231,7 @@ class TreeBudget:
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
         self.current = NONE  # the shape chosen last on merit (not a probe)
         self.steps = 0
+        self.log = BudgetLog.from_env() if self.auto else None
 
     @classmethod
     def for_speculator(cls, speculator: Speculator, dtype, device) -> "TreeBudget":
@@ -241,6 +247,12 @@ class TreeBudget:
         """The shape to draft for ``batch`` requests this step. A batch with a seeded request gets the configured
         tree: a seeded request repeats its output only when its rounds always draft the same shape."""
         self.steps += 1
+        shape = self._choose(batch, seeded)
+        if self.log is not None:
+            self.log.write(self, batch, shape)
+        return shape
+
+    def _choose(self, batch: int, seeded: bool) -> TreeShape:
         if not self.auto or seeded:
             return self.shapes[0]
         for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
@@ -287,6 +299,18 @@ class TreeBudget:
             if self.tokens_per_second(self.shapes[i], batch) > margin * self.tokens_per_second(best, batch):
                 best = self.shapes[i]
         return best
+
+    def estimates(self, s: TreeShape, batch: int) -> dict:
+        """What the budget expects of ``s`` for ``batch`` requests, and how much it rests on (for :class:`BudgetLog`);
+        no expectations before ``s`` is measured."""
+        rounds = self.accepted[s].rounds if s in self.accepted else None
+        out = {"observations": self.verify_cost[s].observations, "rounds": rounds}
+        if self._measured(s):
+            out.update(tokens_per_s=round(self.tokens_per_second(s, batch), 1),
+                       verify_ms=round(1e3 * self.speed * self.verify_cost[s](batch), 3),
+                       draft_ms=round(1e3 * self.draft_seconds(s, batch), 3),
+                       accepted=round(self.expected_accepted(s), 3))
+        return out
 
     def tokens_per_second(self, s: TreeShape, batch: int, verify_seconds: Optional[float] = None) -> float:
         """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
@@ -352,6 +376,35 @@ class TreeBudget:
         chain_accepted = self.chain_depths.completed(chain_accepted, held)
         self.accepted[self.chain].observe(chain_accepted)
         self.chain_in_tree.observe(chain_accepted)
+
+
+class BudgetLog:
+    """Why an auto budget drafts what it drafts: one JSON line per :data:`LOG_EVERY` steps and at every change of
+    the shape drafted (probes included), appended to ``path``: the step, the batch, the shape drafted and the one
+    chosen on merit, the machine's speed, and each shape's :meth:`TreeBudget.estimates`. ``EAGLE3_BUDGET_LOG=PATH``
+    turns it on in every engine (a file per process: give each server its own)."""
+
+    def __init__(self, path: str):
+        self.path, self._last = path, None
+
+    @classmethod
+    def from_env(cls) -> Optional["BudgetLog"]:
+        path = os.environ.get(LOG_ENV)
+        return cls(path) if path else None
+
+    def write(self, budget: TreeBudget, batch: int, shape: TreeShape) -> None:
+        if budget.steps % LOG_EVERY and shape == self._last:
+            return
+        self._last = shape
+        line = {"step": budget.steps, "batch": batch, "drafted": _name(shape), "chosen": _name(budget.current),
+                "speed": round(budget.speed, 4),
+                "shapes": {_name(s): budget.estimates(s, batch) for s in budget.shapes}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _name(s: TreeShape) -> str:
+    return "none" if s == NONE else f"chain {s.depth}" if s.top_k == 1 else f"tree {s.depth}/{s.top_k}/{s.total_tokens}"
 
 
 class PendingRecord:

@@ -2,12 +2,14 @@
 request-rounds, a shape is probed until enough request-rounds back its mean, and the choice follows the measured
 costs (the tree at batch 1, no speculation under a load where verification is dear)."""
 
+import json
+
 import pytest
 import torch
 
-from eagle3_plugin.budget import (FORGET, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER, PROBE_EVERY,
-                                 PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, Line, PendingRecord, RoundMean,
-                                 TreeBudget)
+from eagle3_plugin.budget import (FORGET, LOG_ENV, LOG_EVERY, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER,
+                                 PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, Line, PendingRecord,
+                                 RoundMean, TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
@@ -291,3 +293,27 @@ def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_
     assert budget.speed == pytest.approx(2, rel=0.15)  # most of it: the chain's own line moved a little too
     assert budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1) == pytest.approx(before, rel=0.1)
     assert budget.shape(1) == chain
+
+
+def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
+    """``EAGLE3_BUDGET_LOG``: a line at every change of the shape drafted and every LOG_EVERY steps, with each
+    shape's expectations once it is measured."""
+    path = tmp_path / "budget.jsonl"
+    monkeypatch.setenv(LOG_ENV, str(path))
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    drafted = []
+    for _ in range(LOG_EVERY + MIN_ROUNDS):
+        shape = budget.shape(1)
+        drafted.append(shape)
+        trees, verdict = rounds(1, [1, 3] if shape != NONE else [])
+        budget.record(shape, shape, trees if shape != NONE else None, verdict if shape != NONE else None, True,
+                      {tree: 0.030, chain: 0.010, NONE: 0.008}[shape], 0.001, 1)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    changes = [i + 1 for i in range(len(drafted)) if i == 0 or drafted[i] != drafted[i - 1]]
+    assert sorted({line["step"] for line in lines}) == sorted(set(changes) | {LOG_EVERY})
+    last = lines[-1]
+    assert set(last["shapes"]) == {"tree 3/2/5", "chain 3", "none"} and last["batch"] == 1
+    assert last["shapes"]["chain 3"]["accepted"] == pytest.approx(2)  # measured: its expectations are there
+    assert last["shapes"]["chain 3"]["tokens_per_s"] > last["shapes"]["tree 3/2/5"]["tokens_per_s"]
+    assert TreeBudget(Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="fixed")).log is None

@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 
+from ..budget import LOG_ENV
 from ..datafiles import read_prompts
 from ..errors import Eagle3Error
 from ..openai_api import spec_counters, stream_completion
@@ -84,7 +85,9 @@ def main(argv=None) -> int:
     servers = {"no speculation": [], describe(native): ["--speculative-config", json.dumps(native)],
                describe(spec_json): ["--speculative-config", json.dumps(spec_json)]}
     logs = tempfile.mkdtemp(prefix="eagle3-serve-")
-    print(f"starting {len(servers)} vLLM servers on 127.0.0.1 (logs in {logs}) ...", file=sys.stderr)
+    os.environ.setdefault(LOG_ENV, os.path.join(logs, "budget.jsonl"))  # only our server has a budget
+    print(f"starting {len(servers)} vLLM servers on 127.0.0.1 (logs in {logs}; our budget's choices in "
+          f"{os.environ[LOG_ENV]}) ...", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         urls = {name: stack.enter_context(running_server(a.target, common + args,
                                                          os.path.join(logs, f"server{i}.log")))
