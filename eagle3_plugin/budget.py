@@ -17,7 +17,7 @@ measured, never assumed:
 - ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
   attention, verification, the engine's own work: a step runs from its start to the next step's start,
   :class:`PendingRecord`), a line in ``B`` per shape, fitted online on steps without prompt chunks (recursive least
-  squares with forgetting). Both are kept in a common scale, divided by the machine's speed now
+  squares with forgetting). Both are kept in a common scale, divided by how much slower the machine runs now
   (:meth:`TreeBudget.record`): a shape run in a slow spell is not compared with shapes last run in a fast one;
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
   round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
@@ -72,9 +72,9 @@ COVERED = 0.3  # weight of recent observations near a batch size for a cost line
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
 LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
-# How far a step of the chosen shape moves the machine's speed toward what the step showed; the shape's own cost line
+# How far a step of the chosen shape moves the machine's slowdown toward what the step showed; the shape's own cost line
 # moves 1 - FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
-SPEED_STEP = 0.3
+SLOWDOWN_STEP = 0.3
 
 
 @dataclass
@@ -219,8 +219,8 @@ class TreeBudget:
         self.chain = chain if chain != tree else None  # the tree's chain, when it is a shape of its own
         self.auto = config.budget == "auto"
         self.draft_costs = draft_costs or {}
-        self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds, over the speed
-        self.speed = 1.0  # how slow this machine runs now, against the costs as they are kept (see record)
+        self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds, over the slowdown
+        self.slowdown = 1.0  # this machine's step times now over the costs as they are kept (see record)
         self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
@@ -275,7 +275,7 @@ class TreeBudget:
         batch (:meth:`Line.floor`): then a probe at this batch cannot change the choice, and is not paid for (a
         tree probed at 32 requests costs several plain steps each). False when it cannot tell."""
         floor = self.verify_cost[s].floor(batch)
-        floor = None if floor is None else self.speed * floor
+        floor = None if floor is None else self.slowdown * floor
         rivals = [self.tokens_per_second(o, batch) for o in self.shapes
                   if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]
         if floor is None or self.expected_accepted(s) is None or not rivals:
@@ -307,7 +307,7 @@ class TreeBudget:
         out = {"observations": self.verify_cost[s].observations, "rounds": rounds}
         if self._measured(s):
             out.update(tokens_per_s=round(self.tokens_per_second(s, batch), 1),
-                       verify_ms=round(1e3 * self.speed * self.verify_cost[s](batch), 3),
+                       verify_ms=round(1e3 * self.slowdown * self.verify_cost[s](batch), 3),
                        draft_ms=round(1e3 * self.draft_seconds(s, batch), 3),
                        accepted=round(self.expected_accepted(s), 3))
         return out
@@ -316,7 +316,7 @@ class TreeBudget:
         """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
         instead of its fitted line (a bound, :meth:`would_lose`)."""
         if verify_seconds is None:
-            verify_seconds = self.speed * self.verify_cost[s](batch)
+            verify_seconds = self.slowdown * self.verify_cost[s](batch)
         seconds = verify_seconds + self.draft_seconds(s, batch)
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
 
@@ -337,7 +337,7 @@ class TreeBudget:
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
-        return 0.0 if line is None else self.speed * self.draft_scale[s] * line(batch)
+        return 0.0 if line is None else self.slowdown * self.draft_scale[s] * line(batch)
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
                decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
@@ -348,20 +348,20 @@ class TreeBudget:
 
         This machine's speed drifts by tens of percent within minutes, and only the shape being run shows it: kept
         as measured, the costs of a shape run in a slow spell would be compared with those of shapes last run in a
-        fast one. So costs are kept divided by :attr:`speed`, which a step of the chosen shape (not a probe) moves
+        fast one. So costs are kept divided by :attr:`slowdown`, which a step of the chosen shape (not a probe) moves
         toward what it cost against its kept cost, and every estimate is multiplied back by it."""
         self.last_run[verified] = self.steps
         if decode_only and batch > 0:
             seconds, line = max(step_seconds - draft_seconds, 0.0), self.verify_cost[verified]
             if verified == self.current and line.observations >= MIN_OBSERVATIONS and line.covers(batch) \
                     and line(batch) > 0:
-                drift = min(max(seconds / (self.speed * line(batch)), 1 / OUTLIER), OUTLIER)
-                self.speed *= 1 + SPEED_STEP * (drift - 1)
-            line.observe(batch, seconds / self.speed)
+                drift = min(max(seconds / (self.slowdown * line(batch)), 1 / OUTLIER), OUTLIER)
+                self.slowdown *= 1 + SLOWDOWN_STEP * (drift - 1)
+            line.observe(batch, seconds / self.slowdown)
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0:
             scale = self.draft_scale[drafted]
-            observed = draft_seconds / (self.speed * measured(batch))
+            observed = draft_seconds / (self.slowdown * measured(batch))
             self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(observed, OUTLIER * scale)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
@@ -381,7 +381,7 @@ class TreeBudget:
 class BudgetLog:
     """Why an auto budget drafts what it drafts: one JSON line per :data:`LOG_EVERY` steps and at every change of
     the shape drafted (probes included), appended to ``path``: the step, the batch, the shape drafted and the one
-    chosen on merit, the machine's speed, and each shape's :meth:`TreeBudget.estimates`. ``EAGLE3_BUDGET_LOG=PATH``
+    chosen on merit, the machine's slowdown, and each shape's :meth:`TreeBudget.estimates`. ``EAGLE3_BUDGET_LOG=PATH``
     turns it on in every engine (a file per process: give each server its own)."""
 
     def __init__(self, path: str):
@@ -397,7 +397,7 @@ class BudgetLog:
             return
         self._last = shape
         line = {"step": budget.steps, "batch": batch, "drafted": _name(shape), "chosen": _name(budget.current),
-                "speed": round(budget.speed, 4),
+                "slowdown": round(budget.slowdown, 4),
                 "shapes": {_name(s): budget.estimates(s, batch) for s in budget.shapes}}
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")

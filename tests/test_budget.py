@@ -277,7 +277,8 @@ def test_the_tree_is_credited_the_lower_of_its_gain_as_a_ratio_and_as_a_differen
 def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_look_cheaper():
     """The tree (3 accepted a round, 14 ms a step) loses narrowly to the chain (2, 10 ms). Then this machine slows
     down 2x while the chain runs: its steps cost 20 ms, and the tree, not run, was measured in the fast spell. The
-    budget reads the spell as the machine's (its speed halves) and keeps the chain: the tree would cost 28 ms now."""
+    budget reads the spell as the machine's (its slowdown doubles) and keeps the chain: the tree would cost 28 ms
+    now."""
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
@@ -290,7 +291,7 @@ def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_
     assert before < 1 and budget.shape(1) == chain
     for _ in range(60):
         budget.record(chain, chain, None, None, True, 0.022, 0.002, 1)
-    assert budget.speed == pytest.approx(2, rel=0.15)  # most of it: the chain's own line moved a little too
+    assert budget.slowdown == pytest.approx(2, rel=0.15)  # most of it: the chain's own line moved a little too
     assert budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1) == pytest.approx(before, rel=0.1)
     assert budget.shape(1) == chain
 
