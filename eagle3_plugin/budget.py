@@ -307,7 +307,7 @@ class TreeBudget:
         out = {"observations": self.verify_cost[s].observations, "rounds": rounds}
         if self._measured(s):
             out.update(tokens_per_s=round(self.tokens_per_second(s, batch), 1),
-                       verify_ms=round(1e3 * self.slowdown * self.verify_cost[s](batch), 3),
+                       verify_ms=round(1e3 * self.verify_seconds(s, batch), 3),
                        draft_ms=round(1e3 * self.draft_seconds(s, batch), 3),
                        accepted=round(self.expected_accepted(s), 3))
         return out
@@ -316,7 +316,7 @@ class TreeBudget:
         """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
         instead of its fitted line (a bound, :meth:`would_lose`)."""
         if verify_seconds is None:
-            verify_seconds = self.slowdown * self.verify_cost[s](batch)
+            verify_seconds = self.verify_seconds(s, batch)
         seconds = verify_seconds + self.draft_seconds(s, batch)
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
 
@@ -334,6 +334,10 @@ class TreeBudget:
             return self.accepted[s].value
         now, tree = self.accepted[chain].value, self.accepted[s].value
         return max(min(now * tree / paired, now + tree - paired, float(s.depth)), 0.0)
+
+    def verify_seconds(self, s: TreeShape, batch: int) -> float:
+        """The expected seconds of a step verifying ``s`` for ``batch`` requests, but drafting, at today's speed."""
+        return self.slowdown * self.verify_cost[s](batch)
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
