@@ -1,8 +1,10 @@
 """What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings
-the worker honours come back right (logprobs of the emitted tokens equal the target's own log-probabilities;
-n, stop, seed work), settings it cannot honour get HTTP 400, and every later request is still served."""
+the worker honours come back right (logprobs of the emitted and of the prompt tokens equal the target's own
+log-probabilities; n, stop, seed, echo, beam search, any top_k work), settings it cannot honour get HTTP 400,
+streams the client drops mid-way end cleanly, and every later request is still served, unchanged."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -32,14 +34,18 @@ def prompt():
     return read_prompts(HELDOUT)[0].prompt
 
 
+@pytest.fixture(scope="module")
+def target():
+    return AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
+
+
 def complete(client, prompt, temperature=0.0, **kw):
     return client.completions.create(model=TARGET, prompt=prompt, max_tokens=MAX_TOKENS, temperature=temperature, **kw)
 
 
-def test_logprobs_are_the_targets(client, prompt):
+def test_logprobs_are_the_targets(client, prompt, target):
     out = complete(client, prompt, logprobs=3).choices[0]
     tok = AutoTokenizer.from_pretrained(TARGET)
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
     ids = encode_prompt(tok, prompt)
     with torch.no_grad():
         gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
@@ -87,3 +93,42 @@ def test_n_stop_and_seed(client, prompt):
     assert stopped.finish_reason == "stop" and plain.startswith(stopped.text) and cut not in stopped.text
     seeded = [complete(client, prompt, temperature=1.0, seed=7).choices[0].text for _ in range(2)]
     assert seeded[0] == seeded[1]
+
+
+def test_prompt_logprobs_are_the_targets(client, prompt, target):
+    ids = encode_prompt(AutoTokenizer.from_pretrained(TARGET), prompt)
+    out = complete(client, ids, extra_body={"prompt_logprobs": 2}).choices[0]
+    given = out.model_extra["prompt_logprobs"]
+    with torch.no_grad():
+        want = torch.log_softmax(target(torch.tensor([ids])).logits[0].float(), dim=-1)
+    assert len(given) == len(ids) and given[0] is None  # nothing predicts the first token
+    got = [given[i][str(ids[i])]["logprob"] for i in range(1, len(ids))]
+    assert got == pytest.approx(want[torch.arange(len(ids) - 1), ids[1:]].tolist(), abs=1e-3)
+
+
+def test_echo_beam_search_and_any_top_k(client, prompt):
+    plain = complete(client, prompt).choices[0].text
+    assert complete(client, prompt, echo=True).choices[0].text == prompt + plain
+    beams = complete(client, prompt, n=2, extra_body={"use_beam_search": True})
+    assert len(beams.choices) == 2 and all(c.text for c in beams.choices)
+    for top_k in (-1, 1, 5000):  # off, greedy in effect, more than the vocabulary
+        out = complete(client, prompt, temperature=1.0, extra_body={"top_k": top_k, "ignore_eos": True})
+        assert out.usage.completion_tokens == MAX_TOKENS
+    assert complete(client, prompt).choices[0].text == plain
+
+
+def test_streams_dropped_mid_way_leave_the_server_serving_right(client, prompt):
+    plain = complete(client, prompt).choices[0].text
+
+    def dropped(i):
+        stream = client.completions.create(model=TARGET, prompt=prompt, max_tokens=200, stream=True,
+                                           temperature=1.0 if i % 2 else 0.0, extra_body={"ignore_eos": True})
+        for chunk_index, _ in enumerate(stream):
+            if chunk_index == 2 + i % 5:
+                stream.response.close()  # the client goes away; vLLM aborts the request
+                return chunk_index
+        return None
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(n is not None for n in pool.map(dropped, range(8)))
+    assert complete(client, prompt).choices[0].text == plain
