@@ -35,6 +35,11 @@ def prompt():
 
 
 @pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(TARGET)
+
+
+@pytest.fixture(scope="module")
 def target():
     return AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
 
@@ -43,9 +48,8 @@ def complete(client, prompt, temperature=0.0, **kw):
     return client.completions.create(model=TARGET, prompt=prompt, max_tokens=MAX_TOKENS, temperature=temperature, **kw)
 
 
-def test_logprobs_are_the_targets(client, prompt, target):
+def test_logprobs_are_the_targets(client, prompt, tok, target):
     out = complete(client, prompt, logprobs=3).choices[0]
-    tok = AutoTokenizer.from_pretrained(TARGET)
     ids = encode_prompt(tok, prompt)
     with torch.no_grad():
         gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
@@ -95,8 +99,8 @@ def test_n_stop_and_seed(client, prompt):
     assert seeded[0] == seeded[1]
 
 
-def test_prompt_logprobs_are_the_targets(client, prompt, target):
-    ids = encode_prompt(AutoTokenizer.from_pretrained(TARGET), prompt)
+def test_prompt_logprobs_are_the_targets(client, prompt, tok, target):
+    ids = encode_prompt(tok, prompt)
     out = complete(client, ids, extra_body={"prompt_logprobs": 2}).choices[0]
     given = out.model_extra["prompt_logprobs"]
     with torch.no_grad():
