@@ -17,10 +17,12 @@ measured, never assumed:
 - ``verify_s(B)``: the rest of a step that verifies shape ``s`` (the target's forward over ``B`` trees, tree
   attention, verification, the engine's own work: a step runs from its start to the next step's start,
   :class:`PendingRecord`), a line in ``B`` per shape, fitted online on steps without prompt chunks (recursive least
-  squares with forgetting). Both are kept in a common scale, divided by how much slower the machine runs now
+  squares with forgetting) and read, near the batch sizes it was observed at, through the observations there
+  (:class:`Line`). Both are kept in a common scale, divided by how much slower the machine runs now
   (:meth:`TreeBudget.record`): a shape run in a slow spell is not compared with shapes last run in a fast one;
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
-  round weighs alike, whatever the batch); rounds of a tree also tell what its chain would have accepted (the
+  round weighs alike, whatever the batch), started afresh when it was not fed for a while (the prompts it was
+  taken on have gone, :class:`RoundMean`); rounds of a tree also tell what its chain would have accepted (the
   first child at each level is the chain's node). Acceptance varies from prompt to prompt far more than between
   shapes, so the tree is judged on the same rounds as the chain: its expected acceptance is the chain's recent
   mean raised by what the tree gained over its chain in the tree's own rounds (means taken on different prompts
@@ -34,11 +36,12 @@ prompts, and speculating has a cost a step's estimate does not see (requests tha
 at different steps, and the batch drains over a tail of small steps). Once chosen, a shape is kept while it is
 expected to be faster at all (a switch has costs of its own: a step after some that drafted nothing first stores
 their entries), so estimates near the margin do not make the budget alternate. A shape with too few measurements
-(:data:`MIN_ROUNDS` request-rounds: one round of one request says little), not run for a while, or whose cost was
-not measured at about this batch size (a line fitted at batch 1 and 4 says little about batch 32) unless it would
-lose there even at the cost it was measured at for fewer requests, is probed (:data:`PROBE_STEPS` steps in a row);
-a shape probed and still not chosen waits twice as long for its next probe
-(up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses under load is not paid for every few hundred steps.
+(:data:`MIN_ROUNDS` request-rounds since its mean last started afresh: one round of one request says little), not
+run for a while, or whose cost was not measured at about this batch size (a line fitted at batch 1 and 4 says little
+about batch 32) unless it would lose there even at the cost it was measured at for fewer requests, is probed
+(:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape probed and
+still not chosen waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses
+under load is not paid for every few hundred steps.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`BudgetLog`).
@@ -67,6 +70,7 @@ FORGET = 0.95  # weight of the past per observation in the online cost fits
 MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
+STALE_STEPS = PROBE_EVERY // 4  # steps without a round after which an acceptance mean starts afresh
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
@@ -81,16 +85,23 @@ SLOWDOWN_STEP = 0.3
 class Line:
     """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting. Once fitted, an
     observation counts at most :data:`OUTLIER` times the fit: a step another process slowed moves it by little,
-    while a cost that truly grew is followed within a hundred observations. :meth:`covers` tells where the fit
-    rests on recent observations rather than on extrapolation."""
+    while a cost that truly grew is followed within a hundred observations.
+
+    A step's cost is not quite a line in the batch size, and a fit over batches 5 to 32 can read twice the true cost
+    at batch 1. So where recent observations lie near ``units`` (:meth:`covers`), the line is read through their
+    mean: ``seconds = mean_seconds_near + per_unit * (units - mean_units_near)``; elsewhere it extrapolates."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
     observations: int = 0
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
-    _weight_near: dict = field(default_factory=dict)  # power-of-two bucket of units -> weight of its observations
+    _near: dict = field(default_factory=dict)  # power-of-two bucket of units -> weighted [n, sum x, sum y] in it
 
     def __call__(self, units: float) -> float:
+        b = _bucket(units)
+        n, sx, sy = (sum(self._near.get(near, (0.0,) * 3)[i] for near in (b - 1, b, b + 1)) for i in range(3))
+        if n >= COVERED:
+            return max(sy / n + self.per_unit * (units - sx / n), 0.0)
         return self.fixed + self.per_unit * units
 
     def observe(self, units: float, seconds: float) -> None:
@@ -99,8 +110,9 @@ class Line:
             seconds = min(seconds, OUTLIER * fit)
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
-        self._weight_near = {b: FORGET * w for b, w in self._weight_near.items()}
-        self._weight_near[_bucket(units)] = self._weight_near.get(_bucket(units), 0.0) + 1.0
+        self._near = {b: [FORGET * v for v in stats] for b, stats in self._near.items()}
+        near = self._near.setdefault(_bucket(units), [0.0] * 3)
+        near[0], near[1], near[2] = near[0] + 1.0, near[1] + units, near[2] + seconds
         n, sx, sy, sxx, sxy = self._stats
         self.observations += 1
         spread = sxx - sx * sx / n
@@ -111,13 +123,13 @@ class Line:
     def covers(self, units: float) -> bool:
         """Whether observations within a factor of about 2 of ``units`` still weigh :data:`COVERED` in the fit."""
         b = _bucket(units)
-        return sum(self._weight_near.get(near, 0.0) for near in (b - 1, b, b + 1)) >= COVERED
+        return sum(self._near.get(near, (0.0,))[0] for near in (b - 1, b, b + 1)) >= COVERED
 
     def floor(self, units: float) -> Optional[float]:
-        """A lower bound on the cost at ``units``: the fit at the bottom of the highest bucket at or below ``units``
+        """A lower bound on the cost at ``units``: the line at the bottom of the highest bucket at or below ``units``
         whose own recent observations weigh :data:`COVERED` (more units never cost less); None when there is none."""
         for b in range(_bucket(units), 0, -1):
-            if self._weight_near.get(b, 0.0) >= COVERED:
+            if self._near.get(b, (0.0,))[0] >= COVERED:
                 return self(1 << (b - 1))
         return None
 
@@ -128,22 +140,29 @@ def _bucket(units: float) -> int:
 
 @dataclass
 class RoundMean:
-    """Mean accepted draft tokens per request-round, with forgetting: ``value`` (None before any round)."""
+    """Mean accepted draft tokens per request-round, with forgetting: ``value`` (None before any round). Acceptance
+    is a property of the prompts in flight: a mean not fed for :data:`STALE_STEPS` steps was taken on prompts that
+    have likely gone (a hard tail of the last batch), and starts afresh at its next round (``rounds`` back to 0, so
+    the budget probes its shape until :data:`MIN_ROUNDS` fresh rounds back it)."""
 
     total: float = 0.0
     weight: float = 0.0
     rounds: int = 0
+    last_step: int = 0
 
     @property
     def value(self) -> Optional[float]:
         return self.total / self.weight if self.weight else None
 
-    def observe(self, accepted: torch.Tensor) -> None:
-        """One step's rounds: ``accepted [R]`` draft tokens accepted by each request."""
+    def observe(self, accepted: torch.Tensor, step: int) -> None:
+        """Step ``step``'s rounds: ``accepted [R]`` draft tokens accepted by each request."""
+        if step - self.last_step > STALE_STEPS:
+            self.total = self.weight = self.rounds = 0
         decay = ROUND_MEMORY ** accepted.numel()
         self.total = decay * self.total + float(accepted.float().sum())
         self.weight = decay * self.weight + accepted.numel()
         self.rounds += accepted.numel()
+        self.last_step = step
 
 
 class ChainDepths:
@@ -369,7 +388,7 @@ class TreeBudget:
             self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(observed, OUTLIER * scale)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
-        self.accepted[verified].observe(verdict.num_accepted)
+        self.accepted[verified].observe(verdict.num_accepted, self.steps)
         if self.chain is None:
             return
         if verified == self.chain:
@@ -378,8 +397,8 @@ class TreeBudget:
         chain_accepted, held = _chain_accepted(trees, verdict.accepted)
         self.chain_depths.observe(chain_accepted, held)
         chain_accepted = self.chain_depths.completed(chain_accepted, held)
-        self.accepted[self.chain].observe(chain_accepted)
-        self.chain_in_tree.observe(chain_accepted)
+        self.accepted[self.chain].observe(chain_accepted, self.steps)
+        self.chain_in_tree.observe(chain_accepted, self.steps)
 
 
 class BudgetLog:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from eagle3_plugin.budget import (FORGET, LOG_ENV, LOG_EVERY, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER,
-                                 PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, Line, PendingRecord,
-                                 RoundMean, TreeBudget)
+                                 PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, STALE_STEPS, Line,
+                                 PendingRecord, RoundMean, TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
@@ -31,10 +31,16 @@ def rounds(batch: int, accepted_path: list[int]):
     return tree, Verdict(path, n, torch.zeros(batch, dtype=torch.long))
 
 
+def seed_acceptance(budget: TreeBudget, tree: float, chain: float) -> None:
+    """:data:`MIN_ROUNDS` request-rounds, as of now, in which the tree accepted ``tree`` and the chain ``chain``."""
+    budget.accepted[budget.shapes[0]].observe(torch.full((MIN_ROUNDS,), tree), budget.steps)
+    budget.accepted[budget.shapes[1]].observe(torch.full((MIN_ROUNDS,), chain), budget.steps)
+
+
 def test_every_request_round_weighs_alike():
     mean = RoundMean()
-    mean.observe(torch.tensor([4]))  # a step of one request
-    mean.observe(torch.tensor([0, 0, 0]))  # a step of three
+    mean.observe(torch.tensor([4]), step=1)  # a step of one request
+    mean.observe(torch.tensor([0, 0, 0]), step=2)  # a step of three
     decay = ROUND_MEMORY ** 3
     assert mean.value == pytest.approx(decay * 4 / (decay + 3)) and mean.rounds == 4
 
@@ -60,8 +66,7 @@ def test_the_choice_follows_the_measured_costs():
     budget = TreeBudget(CONFIG, {s: Line(0.001, 0.0001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     budget.verify_cost = {tree: fitted(0.010, 0.004), chain: fitted(0.010, 0.0015), NONE: fitted(0.010, 0.0002)}
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    seed_acceptance(budget, tree=3, chain=2)
     budget.last_run = {s: 0 for s in budget.shapes}
     assert budget.shape(1) == tree  # 4 tokens for ~15 ms against 1 for ~11 ms
     assert budget.shape(32) == NONE  # the tree's verification grows 20x faster with the batch than no speculation
@@ -87,8 +92,7 @@ def test_a_cost_line_is_trusted_only_near_the_batch_sizes_it_was_measured_at():
     tree, chain = budget.shapes[:2]
     budget.verify_cost = {tree: fitted(0.010, 0.004), chain: fitted(0.010, 0.0015),
                           NONE: fitted(0.010, 0.001, batches=(1, 4))}
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    seed_acceptance(budget, tree=3, chain=2)
     assert budget.shape(4) == chain  # measured there: chosen by its cost
     chosen = [budget.shape(32) for _ in range(PROBE_STEPS)]
     assert chosen == [NONE] * PROBE_STEPS  # not measured near 32: probed there first
@@ -96,6 +100,48 @@ def test_a_cost_line_is_trusted_only_near_the_batch_sizes_it_was_measured_at():
         budget.record(NONE, NONE, None, None, True, 0.012, 0.0, 32)
     assert budget.verify_cost[NONE].covers(32) and budget.verify_cost[NONE](32) < 0.020
     assert budget.shape(32) == NONE  # 32 tokens in ~13 ms against the chain's 96 in ~59
+
+
+def test_a_cost_line_reads_what_was_measured_near_a_batch_rather_than_its_fit_over_all_batches():
+    """A step's cost is not a line in the batch size: here 7 ms at 1 request and ~13 ms from 5 to 32. A line fitted
+    over all of them reads ~10 ms at 1 (run R's budget read 14.6 ms for a 6.9 ms step and drafted the tree for
+    ~850 steps); near a batch it was measured at, it reads the observations there."""
+    line = Line()
+    for _ in range(3):
+        for batch, seconds in ((5, 0.0125), (8, 0.0128), (16, 0.0136), (32, 0.0152)):
+            line.observe(batch, seconds)
+    line.observe(1, 0.007)
+    line.observe(1, 0.007)
+    assert line.covers(1) and line.fixed + line.per_unit > 0.010  # the fit over all batches
+    assert line(1) == pytest.approx(0.007, rel=0.02)
+    assert line(16) == pytest.approx(0.0136, rel=0.05)
+    assert not Line(0.002, 0.001).covers(4) and Line(0.002, 0.001)(4) == pytest.approx(0.006)  # nothing observed
+
+
+def test_an_acceptance_mean_left_unfed_starts_afresh_and_its_shape_is_probed_until_fresh_rounds_back_it():
+    """Run R: the chain's acceptance mean came from the hard prompts that drained the last batch, nothing was
+    drafted after that, and 3-step probes moved the mean by 3% each: none was drafted for ~4,000 steps while the
+    chain was faster. Here the chain accepts nothing for 300 steps (no speculation takes over), then prompts it
+    accepts 2 tokens a round on: its next probe finds its mean stale, runs until MIN_ROUNDS fresh rounds back it,
+    and the chain is drafted from then on, judged on those rounds alone."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: fitted(0.030, 0.0), chain: fitted(0.010, 0.0), NONE: fitted(0.008, 0.0)}
+    seed_acceptance(budget, tree=2, chain=2)
+    hard, chosen = 300, []
+    for step in range(hard + 3 * PROBE_EVERY):
+        shape = budget.shape(1)
+        chosen.append(shape)
+        trees, verdict = rounds(1, [] if step < hard else [1, 3])
+        budget.record(shape, shape, trees if shape != NONE else None, verdict if shape != NONE else None, True,
+                      {tree: 0.031, chain: 0.011, NONE: 0.009}[shape], 0.001, 1)
+    assert chosen[hard - STALE_STEPS:hard] == [NONE] * STALE_STEPS  # the chain lost on the hard prompts
+    probe = chosen.index(chain, hard)
+    assert probe <= hard + PROBE_EVERY
+    assert chosen[probe:probe + MIN_ROUNDS] == [chain] * MIN_ROUNDS
+    after = chosen[probe + MIN_ROUNDS:]
+    assert after.count(chain) > 0.9 * len(after)  # but for the probes of the others
+    assert budget.accepted[chain].value == pytest.approx(2)
 
 
 def test_a_held_step_is_recorded_from_its_start_to_the_next_one():
@@ -138,8 +184,7 @@ def test_a_shape_not_run_is_probed_for_a_few_steps_in_a_row():
     for s in budget.shapes:
         for _ in range(20):
             budget.verify_cost[s].observe(1, 0.010 if s == tree else 0.030)  # the others looked dear once
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 3))
+    seed_acceptance(budget, tree=3, chain=3)
     chosen = []
     for _ in range(PROBE_EVERY + 2 * PROBE_STEPS + 1):
         shape = budget.shape(1)
@@ -175,8 +220,7 @@ def test_speculation_must_be_expected_to_pay_by_the_margin():
         budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
         tree, chain = budget.shapes[:2]
         budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(chain_ms / 1e3, 0.0), NONE: fitted(0.010, 0.0)}
-        budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2))
-        budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+        seed_acceptance(budget, tree=2, chain=2)
         ratio = budget.tokens_per_second(chain, 1) / budget.tokens_per_second(NONE, 1)
         assert (ratio > MARGIN) == (chosen == "chain")
         assert budget.shape(1) == {"chain": chain, "none": NONE}[chosen]
@@ -187,8 +231,7 @@ def test_a_chosen_shape_is_kept_until_it_is_expected_to_lose():
     when it costs 28 (1.07x, under the margin), dropped at 33 (0.91x), and not taken back at 28."""
     budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    seed_acceptance(budget, tree=2, chain=2)
     chosen = []
     for chain_ms in (25, 28, 33, 28):
         budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(chain_ms / 1e3, 0.0), NONE: fitted(0.010, 0.0)}
@@ -202,8 +245,7 @@ def test_a_shape_that_keeps_losing_is_probed_ever_less_often():
     budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(0.030, 0.0), NONE: fitted(0.010, 0.0)}
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    seed_acceptance(budget, tree=2, chain=2)
     probes = []
     for step in range(1, 8000):
         shape = budget.shape(16)
@@ -225,8 +267,7 @@ def test_a_shape_that_loses_at_a_smaller_batch_is_not_probed_at_a_larger_one():
     tree, chain = budget.shapes[:2]
     budget.verify_cost = {tree: fitted(0.030, 0.006, batches=(4, 8)), chain: fitted(0.010, 0.0005, batches=(4, 8)),
                           NONE: fitted(0.010, 0.0002)}
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    seed_acceptance(budget, tree=3, chain=2)
     budget.steps = PROBE_EVERY  # every shape run lately (no periodic probe due), the last probes long ago
     budget.last_run = {s: budget.steps for s in budget.shapes}
     assert not budget.verify_cost[tree].covers(32)  # measured at 4 and 8 only
@@ -270,7 +311,7 @@ def test_the_tree_is_credited_the_lower_of_its_gain_as_a_ratio_and_as_a_differen
         budget.record(tree, tree, *rounds(1, path), True, 0.012, 0.001, 1)
     for chain_now, expected in ((2.4, 2.9), (0.6, 0.8), (3.0, CONFIG.depth)):
         budget.accepted[chain] = RoundMean()
-        budget.accepted[chain].observe(torch.full((100,), chain_now))
+        budget.accepted[chain].observe(torch.full((100,), chain_now), budget.steps)
         assert budget.expected_accepted(tree) == pytest.approx(expected, rel=0.02)
 
 
@@ -281,8 +322,7 @@ def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_
     now."""
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 3))
-    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 2))
+    seed_acceptance(budget, tree=3, chain=2)
     for s, seconds in ((tree, 0.014), (NONE, 0.010), (chain, 0.010)):
         budget.current = s
         for _ in range(20):
