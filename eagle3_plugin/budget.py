@@ -53,7 +53,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -71,8 +71,6 @@ MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 STALE_STEPS = PROBE_EVERY // 4  # steps without a round after which an acceptance mean starts afresh
-REQUEST_MEMORY = 0.9  # weight of a request's past per round of its own, in its own mean (about its last 10 rounds)
-PRIOR_ROUNDS = 2.0  # rounds of the mean over all requests that a request's own mean starts from
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
@@ -167,34 +165,6 @@ class RoundMean:
         self.last_step = step
 
 
-class InFlightAcceptance:
-    """What the chain accepts a round for each request in flight: its own recent rounds (:data:`REQUEST_MEMORY`),
-    shrunk toward the mean over all requests by :data:`PRIOR_ROUNDS` rounds of it (a request that just came is
-    expected to do what requests do). Acceptance differs between prompts several fold (the bundled held-out prompts:
-    1.45 to 5.8 tokens a round for the chain), and a step's tokens come from the requests in it: as a batch drains to
-    its hardest prompts, a mean over recent rounds still holds the easy ones that have ended."""
-
-    def __init__(self):
-        self._rounds: dict = {}  # request id -> [weighted sum of accepted, weight]
-
-    def observe(self, requests, accepted: torch.Tensor) -> None:
-        """``accepted [R]``: what the chain accepted this round in each of ``requests`` (its rows' order)."""
-        for rid, a in zip(requests, accepted.tolist()):
-            total, weight = self._rounds.get(rid, (0.0, 0.0))
-            self._rounds[rid] = (REQUEST_MEMORY * total + a, REQUEST_MEMORY * weight + 1.0)
-
-    def mean(self, requests, prior: float) -> float:
-        """The chain's expected acceptance a round, over ``requests`` (each alike); requests no longer in flight are
-        forgotten once they outnumber those that are."""
-        if len(self._rounds) > 2 * len(requests):
-            self._rounds = {rid: self._rounds[rid] for rid in requests if rid in self._rounds}
-        expected = 0.0
-        for rid in requests:
-            total, weight = self._rounds.get(rid, (0.0, 0.0))
-            expected += (total + PRIOR_ROUNDS * prior) / (weight + PRIOR_ROUNDS)
-        return expected / len(requests)
-
-
 class ChainDepths:
     """How deep the chain gets: for each depth ``j``, of the recent request-rounds whose chain accepted its first
     ``j - 1`` nodes and held a node at depth ``j``, the share that accepted it (forgotten as :class:`RoundMean`).
@@ -273,9 +243,6 @@ class TreeBudget:
         self.verify_cost = {s: Line() for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
-        self.base = self.chain or tree  # the smallest shape that drafts: the one acceptance is known per request for
-        self.in_flight = InFlightAcceptance()  # the base's acceptance per request
-        self.in_flight_accepted: Optional[float] = None  # the base's, for the requests of the step being chosen
         self.chain_depths = ChainDepths(config.depth)
         self.last_run = {s: 0 for s in self.shapes}
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
@@ -295,15 +262,10 @@ class TreeBudget:
                                                      dtype, device)
         return budget
 
-    def shape(self, batch: int, seeded: bool = False, requests: Optional[Sequence] = None) -> TreeShape:
-        """The shape to draft for ``batch`` requests this step (``requests``: their ids, so acceptance is expected of
-        them, :class:`InFlightAcceptance`; without them, of recent rounds of any request). A batch with a seeded
-        request gets the configured tree: a seeded request repeats its output only when its rounds always draft the
-        same shape."""
+    def shape(self, batch: int, seeded: bool = False) -> TreeShape:
+        """The shape to draft for ``batch`` requests this step. A batch with a seeded request gets the configured
+        tree: a seeded request repeats its output only when its rounds always draft the same shape."""
         self.steps += 1
-        prior = self.accepted[self.base].value
-        self.in_flight_accepted = (None if requests is None or prior is None or not self.auto
-                                   else self.in_flight.mean(requests, prior))
         shape = self._choose(batch, seeded)
         if self.log is not None:
             self.log.write(self, batch, shape)
@@ -378,22 +340,18 @@ class TreeBudget:
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
 
     def expected_accepted(self, s: TreeShape) -> float:
-        """Accepted draft tokens per request-round expected of ``s`` now. For the base shape (the chain, or the
-        configured shape when it is one), what it accepts for the requests in flight (or in recent rounds). For the
-        tree, that plus the tree's gain over its chain in the tree's rounds, taken as a ratio or as a difference,
-        whichever is less, and at most its depth (its own mean before any paired rounds). Across prompts the gain is
-        neither a fixed ratio nor a fixed difference (on a prompt the chain finds hard, the other branches add much
-        in ratio, little in tokens), and the tree's rounds come from the few prompts it was probed on: the lower of
-        the two does not credit the tree everywhere with what it gained there."""
+        """Accepted draft tokens per request-round expected of ``s`` now: for the tree, the chain's recent mean
+        plus the tree's gain over its chain in the tree's rounds, taken as a ratio or as a difference, whichever is
+        less, and at most its depth (its own mean when there is no chain shape, or no paired rounds yet). Across
+        prompts the gain is neither a fixed ratio nor a fixed difference (on a prompt the chain finds hard, the
+        other branches add much in ratio, little in tokens), and the tree's rounds come from the few prompts it
+        was probed on: the lower of the two does not credit the tree everywhere with what it gained there."""
         if s == NONE:
             return 0.0
-        now = self.in_flight_accepted if self.in_flight_accepted is not None else self.accepted[self.base].value
-        if s == self.base:
-            return now
-        paired = self.chain_in_tree.value
-        if not paired or now is None:
+        chain, paired = self.chain, self.chain_in_tree.value
+        if s == chain or chain is None or not paired or self.accepted[chain].value is None:
             return self.accepted[s].value
-        tree = self.accepted[s].value
+        now, tree = self.accepted[chain].value, self.accepted[s].value
         return max(min(now * tree / paired, now + tree - paired, float(s.depth)), 0.0)
 
     def verify_seconds(self, s: TreeShape, batch: int) -> float:
@@ -405,13 +363,11 @@ class TreeBudget:
         return 0.0 if line is None else self.slowdown * self.draft_scale[s] * line(batch)
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
-               decode_only: bool, step_seconds: float, draft_seconds: float, batch: int,
-               requests: Optional[Sequence] = None) -> None:
+               decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
         """After a step of ``batch`` requests: the shape its trees were drafted with last step (``verified``) and
         this step (``drafted``), the trees verified (``trees [R, N]`` and their ``verdict``, rows whose tree was
         verified whole only: one the scheduler cut near a length limit accepts less than its shape would; None when
-        there is none; ``requests``: those rows' request ids), whether the step ran no prompt chunk, its seconds and
-        the drafting's part of them.
+        there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them.
 
         This machine's speed drifts by tens of percent within minutes, and only the shape being run shows it: kept
         as measured, the costs of a shape run in a slow spell would be compared with those of shapes last run in a
@@ -433,25 +389,22 @@ class TreeBudget:
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted, self.steps)
-        if verified == self.base:
-            base_accepted = verdict.num_accepted
-            if self.chain is not None:
-                self.chain_depths.observe(base_accepted, torch.full_like(base_accepted, self.chain.depth))
-        else:
-            chain_accepted, held = _chain_accepted(trees, verdict.accepted)
-            self.chain_depths.observe(chain_accepted, held)
-            base_accepted = self.chain_depths.completed(chain_accepted, held)
-            self.accepted[self.chain].observe(base_accepted, self.steps)
-            self.chain_in_tree.observe(base_accepted, self.steps)
-        if requests is not None:
-            self.in_flight.observe(requests, base_accepted)
+        if self.chain is None:
+            return
+        if verified == self.chain:
+            self.chain_depths.observe(verdict.num_accepted, torch.full_like(verdict.num_accepted, self.chain.depth))
+            return
+        chain_accepted, held = _chain_accepted(trees, verdict.accepted)
+        self.chain_depths.observe(chain_accepted, held)
+        chain_accepted = self.chain_depths.completed(chain_accepted, held)
+        self.accepted[self.chain].observe(chain_accepted, self.steps)
+        self.chain_in_tree.observe(chain_accepted, self.steps)
 
 
 class BudgetLog:
     """Why an auto budget drafts what it drafts: one JSON line per :data:`LOG_EVERY` steps and at every change of
     the shape drafted (probes included), appended to ``path``: the step, the batch, the shape drafted and the one
-    chosen on merit, the machine's slowdown, what the chain is expected to accept for the requests in flight, and
-    each shape's :meth:`TreeBudget.estimates`. ``EAGLE3_BUDGET_LOG=PATH``
+    chosen on merit, the machine's slowdown, and each shape's :meth:`TreeBudget.estimates`. ``EAGLE3_BUDGET_LOG=PATH``
     turns it on in every engine (a file per process: give each server its own)."""
 
     def __init__(self, path: str):
@@ -466,10 +419,8 @@ class BudgetLog:
         if budget.steps % LOG_EVERY and shape == self._last:
             return
         self._last = shape
-        in_flight = budget.in_flight_accepted
         line = {"step": budget.steps, "batch": batch, "drafted": _name(shape), "chosen": _name(budget.current),
                 "slowdown": round(budget.slowdown, 4),
-                "in_flight_accepted": None if in_flight is None else round(in_flight, 3),
                 "shapes": {_name(s): budget.estimates(s, batch) for s in budget.shapes}}
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")

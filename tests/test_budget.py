@@ -9,8 +9,7 @@ import torch
 
 from eagle3_plugin.budget import (FORGET, LOG_ENV, LOG_EVERY, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER,
                                  PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, STALE_STEPS, Line,
-                                 PRIOR_ROUNDS, REQUEST_MEMORY, InFlightAcceptance, PendingRecord, RoundMean,
-                                 TreeBudget)
+                                 PendingRecord, RoundMean, TreeBudget)
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
@@ -143,52 +142,6 @@ def test_an_acceptance_mean_left_unfed_starts_afresh_and_its_shape_is_probed_unt
     after = chosen[probe + MIN_ROUNDS:]
     assert after.count(chain) > 0.9 * len(after)  # but for the probes of the others
     assert budget.accepted[chain].value == pytest.approx(2)
-
-
-def chain_rounds(accepted: list[int]):
-    """Trees as :func:`rounds` makes them, row ``i`` accepting the first ``accepted[i]`` nodes of the chain 1, 3, 4."""
-    tree, _ = rounds(len(accepted), [])
-    path = torch.full((len(accepted), CONFIG.depth + 1), -1)
-    path[:, 0] = 0
-    for row, n in enumerate(accepted):
-        path[row, 1:1 + n] = torch.tensor([1, 3, 4][:n], dtype=torch.long)
-    return tree, Verdict(path, torch.tensor(accepted), torch.zeros(len(accepted), dtype=torch.long))
-
-
-def test_acceptance_is_expected_of_the_requests_in_flight():
-    """Each request's own recent rounds, shrunk toward the mean over all requests by PRIOR_ROUNDS rounds of it; a
-    request that just came is expected to do what requests do; requests gone are forgotten."""
-    in_flight = InFlightAcceptance()
-    for _ in range(50):
-        in_flight.observe(["easy", "hard", "other"], torch.tensor([3, 0, 1]))
-    weight = sum(REQUEST_MEMORY ** i for i in range(50))
-    hard = PRIOR_ROUNDS * 2.0 / (weight + PRIOR_ROUNDS)
-    assert in_flight.mean(["hard", "easy"], prior=2.0) == pytest.approx((hard + (3 * weight + 4) / (weight + 2)) / 2)
-    assert in_flight.mean(["easy", "new"], prior=2.0) == pytest.approx(((3 * weight + 4) / (weight + 2) + 2) / 2)
-    in_flight.mean(["new"], prior=2.0)  # the others have ended: forgotten
-    assert in_flight.mean(["hard"], prior=2.0) == pytest.approx(2.0)
-
-
-def test_a_batch_drained_to_its_hardest_request_drafts_nothing_for_it():
-    """Three easy requests (3 accepted a round) and a hard one (none) run the chain at 4 in flight; then only the
-    hard one is left. Recent rounds of any request still say 2.25 a round, and the chain (a step 2.5x no
-    speculation's at one request) would be kept; expected of the request in flight, it accepts ~0.4, and nothing is
-    drafted. Its own rounds, not the batch's, are what its steps will get."""
-    budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
-    tree, chain = budget.shapes[:2]
-    budget.verify_cost = {tree: fitted(0.008, 0.002), chain: fitted(0.0045, 0.0005), NONE: fitted(0.0018, 0.0002)}
-    requests = ["a", "b", "c", "hard"]
-    for _ in range(MIN_ROUNDS):
-        budget.shape(4, requests=requests)
-        budget.record(chain, chain, *chain_rounds([3, 3, 3, 0]), True, 0.0065, 0.0, 4, requests=requests)
-    assert budget.accepted[chain].value == pytest.approx(2.25)
-    budget.accepted[tree].observe(torch.full((MIN_ROUNDS,), 2.5), budget.steps)  # measured: not probed
-    budget.current = chain
-    assert budget.shape(1) == chain  # judged on recent rounds of any request: 4 tokens in 4.5 ms against 1 in 1.8
-    assert budget.shape(1, requests=["hard"]) == NONE
-    weight = sum(REQUEST_MEMORY ** i for i in range(MIN_ROUNDS))
-    assert budget.in_flight_accepted == pytest.approx(PRIOR_ROUNDS * 2.25 / (weight + PRIOR_ROUNDS))
-    assert budget.shape(1, requests=["a"]) == chain  # an easy one left: speculation pays
 
 
 def test_a_held_step_is_recorded_from_its_start_to_the_next_one():

@@ -165,7 +165,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             tree_verified = verified.total_tokens > 1
             self._pending_record.hold(began, verified=verified, drafted=drafted,
                                       trees=trees if tree_verified else None, verdict=verdict if tree_verified else None,
-                                      requests=rids, draft_seconds=draft_seconds, batch=len(rids))
+                                      draft_seconds=draft_seconds, batch=len(rids))
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
 
@@ -191,7 +191,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         if rids != self._batch_rids:  # requests came or went: their slots may change owner, deferred entries land
             self.speculator.flush()
             self._batch_rids = rids
-        shape = self.budget.shape(len(rids), seeded=bool(random.rows), requests=rids)
+        shape = self.budget.shape(len(rids), seeded=bool(random.rows))
         self.timings.drafted(shape, self.budget.shapes)
         trees = self.speculator.step(self._draft_kv, rows, params, random, shape)
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)

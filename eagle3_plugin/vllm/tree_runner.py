@@ -213,7 +213,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         began = time.perf_counter()
         step, batch = self._step, self.input_batch
         table = batch.block_table.block_tables[self._draft_group]
-        shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators), requests=step.req_ids)
+        shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators))
         self.timings.drafted(shape, self.budget.shapes)
         captured = (step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
                     table.block_size)
@@ -235,15 +235,13 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         ended = time.perf_counter()
         self.timings.draft += ended - began
         if self._pending_record.wanted:
-            trees = verdict = requests = None
+            trees = verdict = None
             if self._drafted.total_tokens > 1:
                 whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
                 if bool(whole.any()):
                     trees, verdict = step.tree.select(whole), step.verdict.select(whole)
-                    requests = [step.req_ids[row] for row in torch.nonzero(whole)[:, 0].tolist()]
             self._pending_record.hold(step.began, verified=self._drafted, drafted=shape, trees=trees, verdict=verdict,
-                                      requests=requests, decode_only=step.decode_only, draft_seconds=ended - began,
-                                      batch=step.num_reqs)
+                                      decode_only=step.decode_only, draft_seconds=ended - began, batch=step.num_reqs)
         self._drafted = shape
         return drafts
 
