@@ -39,9 +39,12 @@ their entries), so estimates near the margin do not make the budget alternate. A
 (:data:`MIN_ROUNDS` request-rounds since its mean last started afresh: one round of one request says little), not
 run for a while, or whose cost was not measured at about this batch size (a line fitted at batch 1 and 4 says little
 about batch 32) unless it would lose there even at the cost it was measured at for fewer requests, is probed
-(:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape probed and
-still not chosen waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a tree that loses
-under load is not paid for every few hundred steps.
+(:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
+probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a
+tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few
+steps' drafts, is probed every :data:`PROBE_EVERY` steps. A shape's costs at a batch size it has not run at for
+:data:`STALE_STEPS` steps are stale (its last probe there may have hit a slow spell the slowdown did not see): a probe
+is read from its own steps there.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`BudgetLog`).
@@ -125,6 +128,11 @@ class Line:
     def covers(self, units: float) -> bool:
         """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""
         return self._near.get(_bucket(units), (0.0,))[0] >= COVERED
+
+    def forget_near(self, units: float) -> None:
+        """Drop the observations in ``units``' bucket: they are stale (the shape has not run for a while, and the
+        machine's speed has moved since), and the next ones alone should be read there."""
+        self._near.pop(_bucket(units), None)
 
     def floor(self, units: float) -> Optional[float]:
         """A lower bound on the cost at ``units``: the line at the bottom of the highest bucket at or below ``units``
@@ -246,6 +254,7 @@ class TreeBudget:
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
         self.chain_depths = ChainDepths(config.depth)
         self.last_run = {s: 0 for s in self.shapes}
+        self.last_observed = {s: 0 for s in self.shapes}  # the last step whose cost a shape's line observed
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
@@ -282,7 +291,8 @@ class TreeBudget:
                     unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4
                     and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
-                self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
+                if s != NONE:  # a probe of no speculation costs a few steps' drafts, and keeps its cost current
+                    self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
             if self.probe_left[s] > 0 or not self._measured(s):
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
@@ -381,6 +391,9 @@ class TreeBudget:
                     and line(batch) > 0:
                 drift = min(max(seconds / (self.slowdown * line(batch)), 1 / OUTLIER), OUTLIER)
                 self.slowdown *= 1 + SLOWDOWN_STEP * (drift - 1)
+            if self.steps - self.last_observed[verified] > STALE_STEPS:
+                line.forget_near(batch)
+            self.last_observed[verified] = self.steps
             line.observe(batch, seconds / self.slowdown)
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0:
