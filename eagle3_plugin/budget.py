@@ -42,9 +42,9 @@ about batch 32) unless it would lose there even at the cost it was measured at f
 (:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
 probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a
 tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few
-steps' drafts, is probed every :data:`PROBE_EVERY` steps. A shape's costs at a batch size it has not run at for
-:data:`STALE_STEPS` steps are stale (its last probe there may have hit a slow spell the slowdown did not see): a probe
-is read from its own steps there.
+steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps
+are stale at the batch size it is next run at (its last probe there may have hit a slow spell the slowdown did not
+see): they are read from its new steps there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`BudgetLog`).
@@ -73,9 +73,9 @@ FORGET = 0.95  # weight of the past per observation in the online cost fits
 MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
-STALE_STEPS = PROBE_EVERY // 4  # steps without a round after which an acceptance mean starts afresh
+STALE_STEPS = PROBE_EVERY // 4  # steps after which an unfed acceptance mean, or an unrun shape's costs, are stale
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
-COVERED = 0.3  # weight of recent observations near a batch size for a cost line to be trusted there
+COVERED = 0.3  # weight of recent observations in a batch size's bucket for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
 LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
