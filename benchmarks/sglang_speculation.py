@@ -17,7 +17,6 @@ MAL = 1 + accepted drafts / verify rounds (SGLang's ``spec_num_correct_drafts`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,7 +24,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from bundled_args import ROOT, bundled_parser
 sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_support"))
 from launch import STOCK_PLUGINS, SGLangServer, fixed_budget_config  # noqa: E402
 
@@ -36,10 +35,7 @@ def mal(outs) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default=os.path.join(ROOT, "checkpoints/target"))
-    p.add_argument("--draft", default=os.path.join(ROOT, "checkpoints/draft"))
-    p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
+    p = bundled_parser(__doc__)
     p.add_argument("--max-prompts", type=int, default=32)
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--max-new-tokens", type=int, default=96)

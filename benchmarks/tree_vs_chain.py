@@ -9,8 +9,6 @@ One run, same prompts, side by side (reference generator, greedy unless stated):
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
 from transformers import AutoTokenizer
@@ -20,7 +18,7 @@ from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
 from eagle3_plugin.sampler import SamplingParams
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from bundled_args import bundled_parser
 
 
 def acceptance(gen: SpeculativeGenerator, prompts, max_new_tokens: int, temperature: float, seed: int = 0):
@@ -32,10 +30,7 @@ def acceptance(gen: SpeculativeGenerator, prompts, max_new_tokens: int, temperat
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default=os.path.join(ROOT, "checkpoints/target"))
-    p.add_argument("--draft", default=os.path.join(ROOT, "checkpoints/draft"))
-    p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
+    p = bundled_parser(__doc__)
     p.add_argument("--max-prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--tree", help="DEPTH,TOPK,TOTAL (default: the draft's eagle3.json)")

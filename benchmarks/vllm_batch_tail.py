@@ -14,13 +14,12 @@ with another engine's would mislead it). Greedy; outputs are checked identical.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from dataclasses import dataclass
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from bundled_args import bundled_parser
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # both engines' steps in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -43,10 +42,7 @@ class Phase:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default=os.path.join(ROOT, "checkpoints/target"))
-    p.add_argument("--draft", default=os.path.join(ROOT, "checkpoints/draft"))
-    p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
+    p = bundled_parser(__doc__)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=96)

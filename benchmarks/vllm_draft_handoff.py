@@ -11,14 +11,13 @@ rounds), so both see the same drift; tokens/s per round and the median ratio.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import statistics
 import sys
 import time
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from bundled_args import bundled_parser
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our functions
@@ -45,10 +44,7 @@ def handoff(worker) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default=os.path.join(ROOT, "checkpoints/target"))
-    p.add_argument("--draft", default=os.path.join(ROOT, "checkpoints/draft"))
-    p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
+    p = bundled_parser(__doc__)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--shape", choices=("none", "chain"), default="none")

@@ -15,13 +15,12 @@ Greedy; every round's outputs are checked identical to no speculation.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
 import time
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from bundled_args import bundled_parser
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
@@ -32,10 +31,7 @@ _REQUEST_IDS = itertools.count()  # engine request ids, unique across passes
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--target", default=os.path.join(ROOT, "checkpoints/target"))
-    p.add_argument("--draft", default=os.path.join(ROOT, "checkpoints/draft"))
-    p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
+    p = bundled_parser(__doc__)
     p.add_argument("--max-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batches", default="1,4,16,32")
