@@ -35,7 +35,10 @@ smaller one only when it is expected to be :data:`MARGIN` faster: the estimates 
 prompts, and speculating has a cost a step's estimate does not see (requests that would have ended together finish
 at different steps, and the batch drains over a tail of small steps). Once chosen, a shape is kept while it is
 expected to be faster at all (a switch has costs of its own: a step after some that drafted nothing first stores
-their entries), so estimates near the margin do not make the budget alternate. A shape with too few measurements
+their entries), so estimates near the margin do not make the budget alternate. Those costs are not read as either
+shape's: a step is a cost observation only when it verified and drafted the shape its previous step verified (run
+Y at 16 requests: the first step without drafts after the chain's took 4.4 ms, the step back to the chain 3.6 ms,
+the steps between 2.4 ms, so a three-step probe read no speculation 1.5x dear and the chain was kept where it lost). A shape with too few measurements
 (:data:`MIN_ROUNDS` request-rounds since its mean last started afresh: one round of one request says little), not
 run for a while, or whose cost was not measured at about this batch size (a line fitted at batch 1 and 4 says little
 about batch 32) unless it would lose there even at the cost it was measured at for fewer requests, is probed
@@ -68,7 +71,7 @@ from .tree import DraftTree
 NONE = TreeShape(1, 1, 1)
 PROBE_EVERY = 200  # steps between probes of a shape that is not being run (doubled after each probe, up to the max)
 PROBE_EVERY_MAX = 3200
-PROBE_STEPS = 3  # steps a probe runs its shape (one step says little)
+PROBE_STEPS = 5  # steps a probe drafts its shape: its first verified step and the step back are not read (see record)
 FORGET = 0.95  # weight of the past per observation in the online cost fits
 MIN_OBSERVATIONS = 3
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
@@ -259,6 +262,7 @@ class TreeBudget:
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
         self.current = NONE  # the shape chosen last on merit (not a probe)
+        self.last_verified: Optional[TreeShape] = None  # the shape the last recorded step verified
         self.steps = 0
         self.log = BudgetLog.from_env() if self.auto else None
 
@@ -383,9 +387,13 @@ class TreeBudget:
         This machine's speed drifts by tens of percent within minutes, and only the shape being run shows it: kept
         as measured, the costs of a shape run in a slow spell would be compared with those of shapes last run in a
         fast one. So costs are kept divided by :attr:`slowdown`, which a step of the chosen shape (not a probe) moves
-        toward what it cost against its kept cost, and every estimate is multiplied back by it."""
+        toward what it cost against its kept cost, and every estimate is multiplied back by it. A step that switched
+        shape (it drafted another shape than it verified, or verified another than the step before) is not a cost
+        observation: its costs are the switch's (module docstring)."""
         self.last_run[verified] = self.steps
-        if decode_only and batch > 0:
+        steady = verified == drafted and self.last_verified in (None, verified)
+        self.last_verified = verified
+        if decode_only and batch > 0 and steady:
             seconds, line = max(step_seconds - draft_seconds, 0.0), self.verify_cost[verified]
             if verified == self.current and line.observations >= MIN_OBSERVATIONS and line.covers(batch) \
                     and line(batch) > 0:
@@ -396,7 +404,7 @@ class TreeBudget:
             self.last_observed[verified] = self.steps
             line.observe(batch, seconds / self.slowdown)
         measured = self.draft_costs.get(drafted)
-        if measured is not None and batch > 0 and measured(batch) > 0:
+        if measured is not None and batch > 0 and measured(batch) > 0 and steady:
             scale = self.draft_scale[drafted]
             observed = draft_seconds / (self.slowdown * measured(batch))
             self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(observed, OUTLIER * scale)

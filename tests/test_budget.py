@@ -49,7 +49,7 @@ def test_a_shape_is_probed_until_enough_request_rounds_back_its_acceptance():
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     chosen = []
-    for _ in range(MIN_ROUNDS + 2 * MIN_OBSERVATIONS):
+    for _ in range(MIN_ROUNDS + 2 * MIN_OBSERVATIONS + 2):
         shape = budget.shape(1)
         chosen.append(shape)
         trees, verdict = rounds(1, [1, 3] if shape != NONE else [])
@@ -59,7 +59,8 @@ def test_a_shape_is_probed_until_enough_request_rounds_back_its_acceptance():
     assert budget.accepted[tree].value == pytest.approx(2)
     assert budget.accepted[chain].value == pytest.approx(2)  # path 1 -> 3: first children both, learned from trees
     then = chosen[MIN_ROUNDS:]  # the chain's acceptance is known: only its and no speculation's costs are probed
-    assert then == [chain] * MIN_OBSERVATIONS + [NONE] * MIN_OBSERVATIONS
+    # (the first step after a switch carries the switch's costs: it is not one of a shape's cost observations)
+    assert then == [chain] * (MIN_OBSERVATIONS + 1) + [NONE] * (MIN_OBSERVATIONS + 1)
 
 
 def test_the_choice_follows_the_measured_costs():
@@ -136,6 +137,24 @@ def test_a_shape_measured_only_at_neighbouring_batches_is_probed_before_it_is_be
         budget.record(shape, shape, None, None, True, {tree: 0.007, chain: 0.0044, NONE: 0.003}[shape], 0.001, 1)
     assert chosen == [chain] * PROBE_STEPS + [chain]  # probed at once, then chosen on its own steps there
     assert budget.verify_cost[chain](1) == pytest.approx(0.0034)
+
+
+def test_the_steps_that_switch_shape_are_not_read_as_either_shapes_cost():
+    """As an engine records: each step verifies what the step before drafted. Run Y at 16 requests: the first step
+    without drafts after the chain's took 4.4 ms, the step back to the chain 3.6 ms, the steps between 2.4 ms."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    chain = budget.shapes[1]
+    drafted = [chain] * 10 + [NONE] * PROBE_STEPS + [chain] * 10
+    verified = [chain] + drafted[:-1]
+    for v, d in zip(verified, drafted):
+        seconds = {(chain, chain): 0.0052, (chain, NONE): 0.0052, (NONE, NONE): 0.0024, (NONE, chain): 0.0036}[v, d]
+        if v == NONE and budget.last_verified == chain:
+            seconds = 0.0044
+        drafting = 0.002 if d == chain else 0.0
+        budget.record(v, d, None, None, True, seconds + drafting, drafting, 16)
+    assert budget.verify_cost[NONE].observations == PROBE_STEPS - 2
+    assert budget.verify_cost[NONE](16) == pytest.approx(0.0024)
+    assert budget.verify_cost[chain](16) == pytest.approx(0.0052)
 
 
 def test_no_speculation_is_probed_at_a_steady_pace_and_read_from_its_probe_alone():
@@ -375,7 +394,7 @@ def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_
     for _ in range(60):
         budget.record(chain, chain, None, None, True, 0.022, 0.002, 1)
     assert budget.slowdown == pytest.approx(2, rel=0.15)  # most of it: the chain's own line moved a little too
-    assert budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1) == pytest.approx(before, rel=0.1)
+    assert budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1) == pytest.approx(before, rel=0.12)
     assert budget.shape(1) == chain
 
 
