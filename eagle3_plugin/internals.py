@@ -29,7 +29,12 @@ def internal_problems(required: tuple[Internal, ...]) -> list[str]:
     return problems
 
 
-def engine_problems(engine: str, version: str, supported: tuple[str, ...], required: tuple[Internal, ...]) -> list[str]:
-    """The version check and :func:`internal_problems`, as one list (empty: the plugin may patch)."""
+def check_engine(engine: str, version: str, supported: tuple[str, ...], required: tuple[Internal, ...],
+                 error: type[Exception]) -> str:
+    """Return ``version`` if it is ``supported`` and every internal in ``required`` is there; else raise ``error``
+    listing every problem at once."""
     problems = [] if version in supported else [f"{engine} {version} is not supported (supported: {', '.join(supported)})"]
-    return problems + internal_problems(required)
+    problems += internal_problems(required)
+    if problems:
+        raise error(f"eagle3-plugin cannot run on this {engine}: " + "; ".join(problems))
+    return version

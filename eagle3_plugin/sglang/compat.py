@@ -6,7 +6,7 @@ process (see :mod:`.plugin`): an unsupported version never serves with half of o
 
 from __future__ import annotations
 
-from ..internals import engine_problems
+from ..internals import check_engine
 
 SUPPORTED_VERSIONS = ("0.5.23",)
 
@@ -73,8 +73,4 @@ def sglang_version() -> str:
 
 def check_sglang() -> str:
     """Return the SGLang version after checking it and every internal in :data:`REQUIRED_INTERNALS`."""
-    version = sglang_version()
-    problems = engine_problems("SGLang", version, SUPPORTED_VERSIONS, REQUIRED_INTERNALS)
-    if problems:
-        raise UnsupportedSGLang("eagle3-plugin cannot run on this SGLang: " + "; ".join(problems))
-    return version
+    return check_engine("SGLang", sglang_version(), SUPPORTED_VERSIONS, REQUIRED_INTERNALS, UnsupportedSGLang)

@@ -6,7 +6,7 @@ An unsupported version, or a supported one whose internals differ from what we p
 
 from __future__ import annotations
 
-from ..internals import engine_problems
+from ..internals import check_engine
 from .admission import UNSUPPORTED
 
 SUPPORTED_VERSIONS = ("0.32.0",)
@@ -81,8 +81,4 @@ def vllm_version() -> str:
 
 def check_vllm() -> str:
     """Return the vLLM version after checking it and every internal in :data:`REQUIRED_INTERNALS`."""
-    version = vllm_version()
-    problems = engine_problems("vLLM", version, SUPPORTED_VERSIONS, REQUIRED_INTERNALS)
-    if problems:
-        raise UnsupportedVllm("eagle3-plugin cannot run on this vLLM: " + "; ".join(problems))
-    return version
+    return check_engine("vLLM", vllm_version(), SUPPORTED_VERSIONS, REQUIRED_INTERNALS, UnsupportedVllm)

@@ -11,10 +11,9 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from bundled import DRAFT, HELDOUT, TARGET
+from bundled import DRAFT, HELDOUT, TARGET, hf_greedy, shared_prefix_prompts
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from sglang_env import fixed_budget_config, server
 
@@ -33,20 +32,8 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(TARGET)
 
 
-def hf_greedy(prompts):
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
-    return [target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                            pad_token_id=2, eos_token_id=None)[0, len(ids):].tolist() for ids in prompts]
-
-
 def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
-    records = read_prompts(HELDOUT)
-    prefix = []
-    for r in records[20:]:
-        prefix += encode_prompt(tokenizer, r.prompt)
-        if len(prefix) >= 200:
-            break
-    prompts = [prefix[:200] + encode_prompt(tokenizer, r.prompt)[1:] for r in records[:6]]
+    prompts = shared_prefix_prompts(tokenizer)
     runs = {}
     fixed = fixed_budget_config(DRAFT, str(tmp_path / "eagle3.json"))
     for cached in (True, False):
@@ -57,7 +44,7 @@ def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
     on, off = runs[True], runs[False]
     assert all(o["meta_info"]["cached_tokens"] >= 190 for o in on[1:])
     assert all(o["meta_info"]["cached_tokens"] == 0 for o in off)
-    assert [o["output_ids"] for o in on] == hf_greedy(prompts) == [o["output_ids"] for o in off]
+    assert [o["output_ids"] for o in on] == hf_greedy(prompts, MAX_TOKENS) == [o["output_ids"] for o in off]
     for key in ("spec_verify_ct", "spec_num_correct_drafts"):
         assert [o["meta_info"][key] for o in on] == [o["meta_info"][key] for o in off], key
 
@@ -69,4 +56,4 @@ def test_retraction_keeps_outputs(tokenizer, tmp_path):
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             out = list(pool.map(lambda p: s.generate(p, GREEDY), prompts))
     assert "KV cache pool is full. Retract requests" in log.read_text()  # SGLang logs each retraction
-    assert [o["output_ids"] for o in out] == hf_greedy(prompts)
+    assert [o["output_ids"] for o in out] == hf_greedy(prompts, MAX_TOKENS)

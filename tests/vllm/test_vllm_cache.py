@@ -14,10 +14,9 @@
 """
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from bundled import DRAFT, HELDOUT, TARGET
+from bundled import DRAFT, HELDOUT, TARGET, hf_greedy, shared_prefix_prompts
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
@@ -37,29 +36,13 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def shared_prefix_prompts(tokenizer):
+def prefix_prompts(tokenizer):
     """Six prompts: one 200-token prefix (held-out code), then each its own held-out prompt."""
-    records = read_prompts(HELDOUT)
-    prefix = []
-    for r in records[20:]:
-        prefix += encode_prompt(tokenizer, r.prompt)
-        if len(prefix) >= 200:
-            break
-    return [prefix[:200] + encode_prompt(tokenizer, r.prompt)[1:] for r in records[:6]]
+    return shared_prefix_prompts(tokenizer)
 
 
-def hf_greedy(prompts):
-    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
-    out = []
-    for ids in prompts:
-        gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                              pad_token_id=2, eos_token_id=None)
-        out.append(gen[0, len(ids):].tolist())
-    return out
-
-
-def test_prefix_caching_reuses_the_drafts_kv(shared_prefix_prompts):
-    batches = [shared_prefix_prompts[:1], shared_prefix_prompts[1:]]  # the first request fills the cache
+def test_prefix_caching_reuses_the_drafts_kv(prefix_prompts):
+    batches = [prefix_prompts[:1], prefix_prompts[1:]]  # the first request fills the cache
     runs = {cached: run_llm(dict(target=TARGET, speculative_config=TREE, batches=batches, temperature=0.0,
                                  max_tokens=MAX_TOKENS, engine=dict(enable_prefix_caching=cached, block_size=32,
                                                                     max_model_len=1024)))["batches"]
@@ -67,7 +50,7 @@ def test_prefix_caching_reuses_the_drafts_kv(shared_prefix_prompts):
     on, off = runs[True], runs[False]
     assert on[1]["metrics"]["vllm:prefix_cache_hits"] >= 5 * 160  # each later request: 5 blocks of 32 (eagle drops one)
     assert off[1]["metrics"].get("vllm:prefix_cache_hits", 0) == 0
-    want = hf_greedy(shared_prefix_prompts)
+    want = hf_greedy(prefix_prompts, MAX_TOKENS)
     assert on[0]["tokens"] + on[1]["tokens"] == want == off[0]["tokens"] + off[1]["tokens"]
     for key in SPEC_KEYS:
         assert on[1]["metrics"][key] == off[1]["metrics"][key], key
@@ -79,7 +62,7 @@ def preempted_run(prompts, config: dict, **more) -> dict:
                        max_tokens=MAX_TOKENS, engine=dict(block_size=32, num_gpu_blocks_override=14, max_model_len=256),
                        **more))
     assert out["metrics"]["vllm:num_preemptions"] > 0
-    assert out["tokens"] == hf_greedy(prompts)
+    assert out["tokens"] == hf_greedy(prompts, MAX_TOKENS)
     return out["metrics"]
 
 
