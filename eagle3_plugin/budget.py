@@ -38,10 +38,11 @@ expected to be faster at all (a switch has costs of its own: a step after some t
 their entries), so estimates near the margin do not make the budget alternate. Those costs are not read as either
 shape's: a step is a cost observation only when it verified and drafted the shape its previous step verified (run
 Y at 16 requests: the first step without drafts after the chain's took 4.4 ms, the step back to the chain 3.6 ms,
-the steps between 2.4 ms, so a three-step probe read no speculation 1.5x dear and the chain was kept where it lost). A shape with too few measurements
-(:data:`MIN_ROUNDS` request-rounds since its mean last started afresh: one round of one request says little), not
-run for a while, or whose cost was not measured at about this batch size (a line fitted at batch 1 and 4 says little
-about batch 32) unless it would lose there even at the cost it was measured at for fewer requests, is probed
+the steps between 2.4 ms, so a three-step probe read no speculation 1.5x dear and the chain was kept where it
+lost). A shape with too few measurements (:data:`MIN_ROUNDS` request-rounds since its mean last started afresh:
+one round of one request says little), not run for a while, or whose cost was not measured at about this batch size
+(a line fitted at batch 1 and 4 says little about batch 32) unless it would lose there even at the cost it was
+measured at for fewer requests, is probed
 (:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
 probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a
 tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few

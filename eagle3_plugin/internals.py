@@ -33,8 +33,9 @@ def check_engine(engine: str, version: str, supported: tuple[str, ...], required
                  error: type[Exception]) -> str:
     """Return ``version`` if it is ``supported`` and every internal in ``required`` is there; else raise ``error``
     listing every problem at once."""
-    problems = [] if version in supported else [f"{engine} {version} is not supported (supported: {', '.join(supported)})"]
-    problems += internal_problems(required)
+    problems = internal_problems(required)
+    if version not in supported:
+        problems.insert(0, f"{engine} {version} is not supported (supported: {', '.join(supported)})")
     if problems:
         raise error(f"eagle3-plugin cannot run on this {engine}: " + "; ".join(problems))
     return version
