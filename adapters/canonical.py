@@ -14,7 +14,7 @@ from ..config import CONFIG_FILENAME, Eagle3Config
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
 from ..fsutil import read_json_object
-from ..layers import LayerIdError, validate_layer_ids
+from ..capture_ids import LayerIdError, validate_layer_ids
 from ..weights import LazyTensor, all_finite, open_tensors
 
 EMBED = "embed_tokens.weight"

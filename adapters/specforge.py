@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..checkpoint import parse_draft_config
-from ..layers import from_ours, to_ours
+from ..capture_ids import from_ours, to_ours
 from .canonical import CanonicalDraft, has_config, read_json, require_layer_ids, save, split_tensors
 
 NAME = "specforge"

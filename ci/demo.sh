@@ -10,6 +10,6 @@ common=(--target checkpoints/target --draft checkpoints/draft --prompts checkpoi
 .venv/bin/eagle3 bench --engine reference "${common[@]}" "$@"
 echo
 # `vllm serve` on 127.0.0.1: without speculation, with vLLM's native EAGLE-3 chain, and with our eagle3.json.
-VLLM_LOGGING_LEVEL=ERROR .venv/bin/python -m eagle3_plugin.vllm.serve_demo --target checkpoints/target \
+VLLM_LOGGING_LEVEL=ERROR .venv/bin/python -m eagle3_plugin.vllm.demo --target checkpoints/target \
     --speculative-config checkpoints/draft/eagle3.json \
     --prompts checkpoints/prompts/heldout.jsonl --max-prompts 8 --max-new-tokens 96

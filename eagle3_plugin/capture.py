@@ -1,7 +1,7 @@
 """Fused multi-layer capture for any decoder-only target, with no per-model code.
 
 Hooks on the three decoder layers named by the capture ids (our rule: id ``i`` is the input of decoder
-layer ``i``, see :mod:`eagle3_plugin.layers`) copy the residual stream into one preallocated buffer,
+layer ``i``, see :mod:`eagle3_plugin.capture_ids`) copy the residual stream into one preallocated buffer,
 ``[low | mid | high]`` along the last dim, while the target runs its forward. How a hook reaches the
 stream depends on how the layer receives it (an *attach* function): Hugging Face layers get it as
 ``hidden_states``; engine layers with a fused residual add get it in two parts
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .layers import validate_layer_ids
+from .capture_ids import validate_layer_ids
 
 WriteFn = Callable[[torch.Tensor], None]
 AttachFn = Callable[[nn.Module, WriteFn], RemovableHandle]

@@ -4,7 +4,7 @@ Example::
 
     {
       "draft": ".",                  # draft folder, relative to this file
-      "layer_ids": [1, 3, 5],        # capture ids, our rule (eagle3_plugin.layers); null = draft default
+      "layer_ids": [1, 3, 5],        # capture ids, our rule (eagle3_plugin.capture_ids); null = draft default
       "mode": "tree",                # "chain" or "tree"
       "depth": 5,                    # draft levels: the most draft tokens one round can accept
       "top_k": 8,                    # children per expanded node (chain: 1)

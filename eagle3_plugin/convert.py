@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from .errors import Eagle3Error
 from .fsutil import atomic_directory
-from .layers import CONVENTIONS, default_layer_ids, from_ours
+from .capture_ids import CONVENTIONS, default_layer_ids, from_ours
 from .weights import all_finite
 
 

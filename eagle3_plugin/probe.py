@@ -14,7 +14,7 @@ import torch
 
 from .config import Eagle3Config
 from .errors import Eagle3Error
-from .layers import default_layer_ids, validate_layer_ids
+from .capture_ids import default_layer_ids, validate_layer_ids
 
 
 @dataclass

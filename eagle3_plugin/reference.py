@@ -25,7 +25,7 @@ from .checkpoint import load_draft, validate_against_target
 from .config import Eagle3Config
 from .draft import Eagle3Draft
 from .kv import additive_mask, compaction_index, gather_slots
-from .layers import default_layer_ids
+from .capture_ids import default_layer_ids
 from .rng import RowRandom
 from .sampler import SamplingParams, sample_tokens, verify_tree
 from .speculator import DraftKV, DraftRows, Speculator
@@ -128,7 +128,8 @@ class SpeculativeGenerator:
         kv.valid = torch.cat([kv.valid, new_valid], dim=1)
         return out.logits.float(), self.capture.features.clone()
 
-    def _prefill(self, prompts: list[list[int]]):
+    def _prefill(self, prompts: list[list[int]]) -> "_Prefilled":
+        """The target's forward over the prompts, left-padded into one batch."""
         from transformers import DynamicCache
         b, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.zeros(b, width, dtype=torch.long, device=self.device)
@@ -141,7 +142,7 @@ class SpeculativeGenerator:
         allowed = causal[None] & valid[:, None, :]
         kv = TargetKVCache(DynamicCache(), b, self.device)
         logits, features = self._target_forward(kv, ids, positions, allowed, valid)
-        return kv, ids, valid, positions, allowed, logits[:, -1], features
+        return _Prefilled(kv, ids, valid, logits[:, -1], features)
 
     # -- generation --------------------------------------------------------------------------------
 
@@ -151,7 +152,8 @@ class SpeculativeGenerator:
         """Non-speculative decoding with the same cache and sampling code (for speed baselines)."""
         generator = torch.Generator(device=self.device).manual_seed(seed)
         start = time.perf_counter()
-        kv, _, _, _, _, last_logits, _ = self._prefill(prompts)
+        prefilled = self._prefill(prompts)
+        kv, last_logits = prefilled.kv, prefilled.last_logits
         lengths = kv.valid.sum(1)
         out = _Emitter(len(prompts), max_new_tokens, eos_token_id)
         forwards = 1
@@ -176,8 +178,9 @@ class SpeculativeGenerator:
         b = len(prompts)
         rows = torch.arange(b, device=self.device)
         start = time.perf_counter()
-        kv, ids, valid, positions, allowed, last_logits, features = self._prefill(prompts)
-        root = sample_tokens(last_logits, params, random)
+        prefilled = self._prefill(prompts)
+        kv, ids, valid, features = prefilled.kv, prefilled.ids, prefilled.valid, prefilled.features
+        root = sample_tokens(prefilled.last_logits, params, random)
         out = _Emitter(b, max_new_tokens, eos_token_id)
         out.emit([[t] for t in root.tolist()])
         stats = AcceptanceStats(cfg.depth)
@@ -216,6 +219,18 @@ class SpeculativeGenerator:
             draft_rows = DraftRows(slots, lengths, verdict.num_accepted + 1, verdict.emitted(tree).clamp(min=0),
                                    node_features[rows[:, None], path_c])
         return Generation(out.tokens, stats, time.perf_counter() - start, forwards)
+
+
+@dataclass
+class _Prefilled:
+    """The prompts after the target's forward: its cache, ``ids``/``valid [B, W]`` (left-padded), each row's
+    ``last_logits [B, V]`` and the captured ``features [B, W, 3H]``."""
+
+    kv: TargetKVCache
+    ids: torch.Tensor
+    valid: torch.Tensor
+    last_logits: torch.Tensor
+    features: torch.Tensor
 
 
 class _Emitter:

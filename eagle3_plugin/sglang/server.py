@@ -14,12 +14,12 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from ..serving import ServerProcess, free_port
+from ..server_process import ServerProcess, free_port
 
 
 class SGLangServer(ServerProcess):
     """Context manager: ``python -m sglang.launch_server --model-path MODEL --host 127.0.0.1 --port P
-    *extra_args``, started and stopped as :class:`~eagle3_plugin.serving.ServerProcess` does. ``python``:
+    *extra_args``, started and stopped as :class:`~eagle3_plugin.server_process.ServerProcess` does. ``python``:
     SGLang's interpreter (default: this one); ``env``: the server's environment (default: this process's)."""
 
     def __init__(self, model: str, extra_args=(), log_path: str = "sglang_server.log", port=None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from ..config import CONFIG_FILENAME, Eagle3Config
-from ..layers import to_ours
+from ..capture_ids import to_ours
 
 
 ALGORITHM = "EAGLE3"

@@ -25,7 +25,7 @@ from ..checkpoint import save_draft
 from ..config import Eagle3Config
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
-from ..layers import LayerIdError, default_layer_ids, validate_layer_ids
+from ..capture_ids import LayerIdError, default_layer_ids, validate_layer_ids
 from .data import Example, build_examples, draft_vocabulary
 from .ttt import ttt_loss
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..capture import FusedCapture, UnsupportedTarget, decoder_layers, read_inputs, residual_stream_reader
-from ..layers import default_layer_ids
+from ..capture_ids import default_layer_ids
 
 
 def add_eagle3_interface(model: nn.Module, num_layers: int, hidden_size: int) -> None:

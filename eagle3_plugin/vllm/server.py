@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 
-from ..serving import ServerProcess, free_port
+from ..server_process import ServerProcess, free_port
 
 
 @contextlib.contextmanager

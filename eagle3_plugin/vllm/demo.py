@@ -1,6 +1,6 @@
 """The main job: serve a target with vLLM + EAGLE-3 on 127.0.0.1, send requests, report, stop.
 
-    python -m eagle3_plugin.vllm.serve_demo --target DIR --speculative-config CONFIG --prompts FILE
+    python -m eagle3_plugin.vllm.demo --target DIR --speculative-config CONFIG --prompts FILE
 
 Starts a server without speculation, one with vLLM's native EAGLE-3 chain (same draft, depth as ours) and one with
 our config, all three at once, then sends the same prompts one at a time to each server in turn, for several rounds,
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         spec_json = speculative_config(a.speculative_config)
         prompts = [r.prompt for r in read_prompts(a.prompts)[: a.max_prompts]]
     except Eagle3Error as e:
-        print(f"serve_demo: error: {e}", file=sys.stderr)
+        print(f"demo: error: {e}", file=sys.stderr)
         return 2
     common = ["--dtype", "float32", "--max-model-len", "2048"]
     native = spec_json  # vLLM's own config compares with itself

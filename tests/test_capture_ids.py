@@ -3,7 +3,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from eagle3_plugin.capture import FusedCapture
-from eagle3_plugin.layers import LayerIdError, default_layer_ids, from_ours, to_ours, validate_layer_ids
+from eagle3_plugin.capture_ids import LayerIdError, default_layer_ids, from_ours, to_ours, validate_layer_ids
 
 
 @pytest.mark.parametrize("ids", [(0, 2, 5), (1, 3, 5), (2, 3, 4)])
