@@ -58,188 +58,29 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
+from .budget_estimates import (MIN_OBSERVATIONS, OUTLIER, STALE_STEPS, ChainDepths, Line, RoundMean,
+                               measure_draft_costs)
 from .config import Eagle3Config
-from .sampler import SamplingParams, Verdict
-from .speculator import DraftKV, DraftRows, Speculator, TreeShape
+from .sampler import Verdict
+from .speculator import Speculator, TreeShape
 from .tree import DraftTree
 
 NONE = TreeShape(1, 1, 1)
-PROBE_EVERY = 200  # steps between probes of a shape that is not being run (doubled after each probe, up to the max)
+# Steps between probes of a shape that is not being run (doubled after each probe, up to the max).
+PROBE_EVERY = 4 * STALE_STEPS
 PROBE_EVERY_MAX = 3200
 PROBE_STEPS = 5  # steps a probe drafts its shape: its first verified step and the step back are not read (see record)
-FORGET = 0.95  # weight of the past per observation in the online cost fits
-MIN_OBSERVATIONS = 3
-ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
-STALE_STEPS = PROBE_EVERY // 4  # steps after which an unfed acceptance mean, or an unrun shape's costs, are stale
-OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
-COVERED = 0.3  # weight of recent observations in a batch size's bucket for a cost line to be trusted there
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
 LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
 # How far a step of the chosen shape moves the machine's slowdown toward what the step showed; the shape's own cost line
-# moves 1 - FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
+# moves 1 - budget_estimates.FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
 SLOWDOWN_STEP = 0.3
-
-
-@dataclass
-class Line:
-    """``seconds = fixed + per_unit * units``, fitted by recursive least squares with forgetting. Once fitted, an
-    observation counts at most :data:`OUTLIER` times the fit: a step another process slowed moves it by little,
-    while a cost that truly grew is followed within a hundred observations.
-
-    A step's cost is not quite a line in the batch size, and a fit over batches 5 to 32 can read twice the true cost
-    at batch 1. So where recent observations lie within a factor of 2 of ``units`` (its power-of-two bucket,
-    :meth:`covers`), the line is read through their mean: ``seconds = mean_seconds_there + per_unit * (units -
-    mean_units_there)``; elsewhere it extrapolates. A neighbouring bucket's observations are not read for it: the
-    steps at 2 or 3 requests an engine's start-up drained through, slow as first steps are, read 9.7 ms for a
-    3.4 ms step at one (run T), and, as they covered it, kept it from being probed there for ~600 steps."""
-
-    fixed: float = 0.0
-    per_unit: float = 0.0
-    observations: int = 0
-    _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
-    _near: dict = field(default_factory=dict)  # power-of-two bucket of units -> weighted [n, sum x, sum y] in it
-
-    def __call__(self, units: float) -> float:
-        n, sx, sy = self._near.get(_bucket(units), (0.0,) * 3)
-        if n >= COVERED:
-            return max(sy / n + self.per_unit * (units - sx / n), 0.0)
-        return self.fixed + self.per_unit * units
-
-    def observe(self, units: float, seconds: float) -> None:
-        fit = self(units)
-        if self.observations >= MIN_OBSERVATIONS and fit > 0:
-            seconds = min(seconds, OUTLIER * fit)
-        n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
-        self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
-        self._near = {b: [FORGET * v for v in stats] for b, stats in self._near.items()}
-        near = self._near.setdefault(_bucket(units), [0.0] * 3)
-        near[0], near[1], near[2] = near[0] + 1.0, near[1] + units, near[2] + seconds
-        n, sx, sy, sxx, sxy = self._stats
-        self.observations += 1
-        spread = sxx - sx * sx / n
-        if spread > 1e-6 * max(sxx, 1.0):
-            self.per_unit = max((sxy - sx * sy / n) / spread, 0.0)
-        self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
-
-    def covers(self, units: float) -> bool:
-        """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""
-        return self._near.get(_bucket(units), (0.0,))[0] >= COVERED
-
-    def forget_near(self, units: float) -> None:
-        """Drop the observations in ``units``' bucket: they are stale (the shape has not run for a while, and the
-        machine's speed has moved since), and the next ones alone should be read there."""
-        self._near.pop(_bucket(units), None)
-
-    def floor(self, units: float) -> Optional[float]:
-        """A lower bound on the cost at ``units``: the line at the bottom of the highest bucket at or below ``units``
-        whose own recent observations weigh :data:`COVERED` (more units never cost less); None when there is none."""
-        for b in range(_bucket(units), 0, -1):
-            if self._near.get(b, (0.0,))[0] >= COVERED:
-                return self(1 << (b - 1))
-        return None
-
-
-def _bucket(units: float) -> int:
-    return int(max(units, 1.0)).bit_length()
-
-
-@dataclass
-class RoundMean:
-    """Mean accepted draft tokens per request-round, with forgetting: ``value`` (None before any round). Acceptance
-    is a property of the prompts in flight: a mean not fed for :data:`STALE_STEPS` steps was taken on prompts that
-    have likely gone (a hard tail of the last batch), and starts afresh at its next round (``rounds`` back to 0, so
-    the budget probes its shape until :data:`MIN_ROUNDS` fresh rounds back it)."""
-
-    total: float = 0.0
-    weight: float = 0.0
-    rounds: int = 0
-    last_step: int = 0
-
-    @property
-    def value(self) -> Optional[float]:
-        return self.total / self.weight if self.weight else None
-
-    def observe(self, accepted: torch.Tensor, step: int) -> None:
-        """Step ``step``'s rounds: ``accepted [R]`` draft tokens accepted by each request."""
-        if step - self.last_step > STALE_STEPS:
-            self.total = self.weight = self.rounds = 0
-        decay = ROUND_MEMORY ** accepted.numel()
-        self.total = decay * self.total + float(accepted.float().sum())
-        self.weight = decay * self.weight + accepted.numel()
-        self.rounds += accepted.numel()
-        self.last_step = step
-
-
-class ChainDepths:
-    """How deep the chain gets: for each depth ``j``, of the recent request-rounds whose chain accepted its first
-    ``j - 1`` nodes and held a node at depth ``j``, the share that accepted it (forgotten as :class:`RoundMean`).
-
-    A wide tree holds its chain only to some depth (its deepest first children lose to other branches), so what
-    the chain accepted inside a tree's round stops short where the chain alone would have gone on; counted as is,
-    it makes the tree look better than its chain by what is cut off. :meth:`completed` adds what the chain is
-    expected to accept past the depth it was held to, from these shares."""
-
-    def __init__(self, depth: int):
-        self.depth = depth
-        self.reached = torch.zeros(depth, dtype=torch.float64)
-        self.passed = torch.zeros(depth, dtype=torch.float64)
-
-    def observe(self, accepted: torch.Tensor, held: torch.Tensor) -> None:
-        """``accepted [R]``: chain nodes each request-round accepted; ``held [R]``: the depth its chain reached."""
-        j = torch.arange(1, self.depth + 1)
-        seen = j[None] <= held.cpu()[:, None]
-        accepted = accepted.cpu()[:, None]
-        decay = ROUND_MEMORY ** accepted.shape[0]
-        self.reached = decay * self.reached + (seen & (accepted >= j - 1)).sum(0)
-        self.passed = decay * self.passed + (seen & (accepted >= j)).sum(0)
-
-    def completed(self, accepted: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-        """``accepted``, plus, in rounds that accepted the whole chain they held short of full depth, what the chain
-        is expected to accept past it (0 where no round has shown a depth yet)."""
-        share = (self.passed / self.reached.clamp(min=1e-9)).tolist()
-        beyond = [0.0] * (self.depth + 1)  # beyond[h]: expected nodes accepted past depth h, having accepted to h
-        for h in reversed(range(self.depth)):
-            beyond[h] = share[h] * (1.0 + beyond[h + 1])
-        cut = (accepted == held) & (held < self.depth)
-        return accepted + cut * torch.tensor(beyond, dtype=torch.float32, device=held.device)[held]
-
-
-@torch.inference_mode()
-def measure_draft_costs(speculator: Speculator, shapes, feature_size: int, dtype, device,
-                        batches=(1, 8), context: int = 256, repeats: int = 3) -> dict[TreeShape, Line]:
-    """Seconds per speculator step for each shape, a line in the batch size, on synthetic rows (random features,
-    ``context`` stored positions, one new entry per row: a decode step). Nothing of them stays deferred."""
-    c = speculator.draft.config
-    biggest = max(batches)
-    kv = DraftKV.allocate(biggest * (context + 1), c.num_key_value_heads, c.head_dim, dtype, device)
-    slots = torch.arange(biggest * (context + 1), device=device).view(biggest, context + 1)
-    out = {}
-    for shape in shapes:
-        seconds = []
-        for b in batches:
-            rows = DraftRows(slots[:b], torch.full((b,), context, device=device),
-                             torch.ones(b, dtype=torch.long, device=device),
-                             torch.randint(c.vocab_size, (b, 1), device=device),
-                             torch.randn(b, 1, feature_size, dtype=dtype, device=device))
-            params = SamplingParams.uniform(b, device=device)
-            timings = []
-            for _ in range(repeats + 1):
-                began = time.perf_counter()
-                speculator.step(kv, rows, params, shape=shape)
-                timings.append(time.perf_counter() - began)
-            seconds.append(min(timings[1:]))
-        per_row = max((seconds[-1] - seconds[0]) / (batches[-1] - batches[0]), 0.0) if len(batches) > 1 else 0.0
-        out[shape] = Line(max(seconds[0] - per_row * batches[0], 0.0), per_row)
-    speculator.flush()
-    return out
 
 
 class TreeBudget:
@@ -293,7 +134,7 @@ class TreeBudget:
             cost = self.verify_cost[s]
             unmeasured_here = cost.observations and not cost.covers(batch)
             if self.steps - self.last_run[s] > self.probe_every[s] or (
-                    unmeasured_here and self.steps - self.last_probe[s] > PROBE_EVERY // 4
+                    unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
                     and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
                 if s != NONE:  # a probe of no speculation costs a few steps' drafts, and keeps its cost current

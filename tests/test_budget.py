@@ -1,15 +1,15 @@
-"""The auto tree budget's bookkeeping (``eagle3_plugin/budget.py``), without an engine: acceptance is a mean over
-request-rounds, a shape is probed until enough request-rounds back its mean, and the choice follows the measured
-costs (the tree at batch 1, no speculation under a load where verification is dear)."""
+"""The auto tree budget's bookkeeping (``eagle3_plugin/budget.py``, its estimates in ``budget_estimates.py``), without
+an engine: acceptance is a mean over request-rounds, a shape is probed until enough request-rounds back its mean, and
+the choice follows the measured costs (the tree at batch 1, no speculation under a load where verification is dear)."""
 
 import json
 
 import pytest
 import torch
 
-from eagle3_plugin.budget import (LOG_ENV, LOG_EVERY, MARGIN, MIN_OBSERVATIONS, MIN_ROUNDS, NONE, OUTLIER,
-                                 PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, ROUND_MEMORY, STALE_STEPS, Line,
-                                 PendingRecord, RoundMean, TreeBudget)
+from eagle3_plugin.budget import (LOG_ENV, LOG_EVERY, MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX,
+                                 PROBE_STEPS, PendingRecord, TreeBudget)
+from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.tree import DraftTree
