@@ -155,7 +155,7 @@ def test_steps_without_a_tree_store_their_entries_together_exactly(speculator, t
 def test_proposed_trees_are_kept_per_request():
     """A step that proposes for some requests (new prompts) keeps the others' trees; batches of different widths
     come back padded with detached nodes."""
-    from eagle3_plugin.speculator import ProposedTrees
+    from eagle3_plugin.proposed_trees import ProposedTrees
     from eagle3_plugin.tree import DraftTree
 
     def trees(b, n, first):
@@ -178,7 +178,7 @@ def test_proposed_trees_are_kept_per_request():
 
 def test_proposed_trees_of_greedy_and_sampling_steps_mix():
     """Trees drafted in a step without sampling rows (no draft probabilities) stack with ones that have them."""
-    from eagle3_plugin.speculator import ProposedTrees
+    from eagle3_plugin.proposed_trees import ProposedTrees
     from eagle3_plugin.tree import DraftTree
     nodes = torch.arange(3).expand(1, 3)
     greedy = DraftTree(nodes.clone(), nodes - 1, nodes.clone())

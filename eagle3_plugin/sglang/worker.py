@@ -35,9 +35,10 @@ from torch import nn
 from ..budget import PendingRecord, TreeBudget
 from ..checkpoint import validate_against_target
 from ..convert import load_source
+from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..sampler import SamplingParams
-from ..speculator import DraftKV, DraftRows, ProposedTrees, Speculator, TreeShape
+from ..speculator import DraftKV, DraftRows, Speculator, TreeShape
 from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from . import capture, settings

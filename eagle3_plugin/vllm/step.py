@@ -14,8 +14,9 @@ from typing import Optional
 
 import torch
 
+from ..proposed_trees import ProposedTrees
 from ..sampler import SamplingParams, Verdict, verify_tree_rows
-from ..speculator import DraftEntries, DraftRows, ProposedTrees
+from ..speculator import DraftEntries, DraftRows
 from ..tree import DraftTree
 from .paged_kv import block_slots, position_slots
 from .tree_attention import TreeAttention

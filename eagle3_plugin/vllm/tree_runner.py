@@ -30,8 +30,9 @@ from torch import nn
 from ..budget import NONE, PendingRecord, TreeBudget
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
+from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
-from ..speculator import ProposedTrees, Speculator, TreeShape
+from ..speculator import Speculator, TreeShape
 from ..timings import PluginTimings
 from . import draft_handoff, paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
