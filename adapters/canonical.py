@@ -9,12 +9,12 @@ from typing import Optional
 
 import torch
 
+from ..capture_ids import LayerIdError, validate_layer_ids
 from ..checkpoint import validate_vocab_mapping
 from ..config import CONFIG_FILENAME, Eagle3Config
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
 from ..fsutil import read_json_object
-from ..capture_ids import LayerIdError, validate_layer_ids
 from ..weights import LazyTensor, all_finite, open_tensors
 
 EMBED = "embed_tokens.weight"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from ..checkpoint import parse_draft_config
 from ..capture_ids import from_ours, to_ours
+from ..checkpoint import parse_draft_config
 from .canonical import CanonicalDraft, has_config, read_json, require_layer_ids, save, split_tensors
 
 NAME = "specforge"

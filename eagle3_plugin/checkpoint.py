@@ -13,11 +13,11 @@ import os
 import torch
 from safetensors.torch import save_file
 
+from .capture_ids import LayerIdError, validate_layer_ids
 from .config import CONFIG_FILENAME, Eagle3Config
 from .draft import DraftConfig, Eagle3Draft
 from .errors import Eagle3Error
 from .fsutil import atomic_directory, read_json_object
-from .capture_ids import LayerIdError, validate_layer_ids
 from .weights import all_finite, open_tensors
 
 OPTIONAL_KEYS = ("embed_tokens.weight",)

@@ -8,9 +8,9 @@ import sys
 import torch
 from tqdm import tqdm
 
+from .capture_ids import CONVENTIONS, default_layer_ids, from_ours
 from .errors import Eagle3Error
 from .fsutil import atomic_directory
-from .capture_ids import CONVENTIONS, default_layer_ids, from_ours
 from .weights import all_finite
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .capture_ids import default_layer_ids, validate_layer_ids
 from .config import Eagle3Config
 from .errors import Eagle3Error
-from .capture_ids import default_layer_ids, validate_layer_ids
 
 
 @dataclass

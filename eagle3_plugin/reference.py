@@ -21,11 +21,11 @@ from typing import Optional
 import torch
 
 from .capture import FusedCapture
+from .capture_ids import default_layer_ids
 from .checkpoint import load_draft, validate_against_target
 from .config import Eagle3Config
 from .draft import Eagle3Draft
 from .kv import additive_mask, compaction_index, gather_slots
-from .capture_ids import default_layer_ids
 from .rng import RowRandom
 from .sampler import SamplingParams, sample_tokens, verify_tree
 from .speculator import DraftKV, DraftRows, Speculator

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from ..config import CONFIG_FILENAME, Eagle3Config
 from ..capture_ids import to_ours
+from ..config import CONFIG_FILENAME, Eagle3Config
 
 
 ALGORITHM = "EAGLE3"

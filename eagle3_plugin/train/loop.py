@@ -21,11 +21,11 @@ import torch
 from tqdm import tqdm
 
 from ..capture import FusedCapture
+from ..capture_ids import LayerIdError, default_layer_ids, validate_layer_ids
 from ..checkpoint import save_draft
 from ..config import Eagle3Config
 from ..draft import DraftConfig, Eagle3Draft
 from ..errors import Eagle3Error
-from ..capture_ids import LayerIdError, default_layer_ids, validate_layer_ids
 from .data import Example, build_examples, draft_vocabulary
 from .ttt import ttt_loss
 
