@@ -78,8 +78,8 @@ MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
 LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
-# How far a step of the chosen shape moves the machine's slowdown toward what the step showed (against the shape's cost
-# line, held where it is anchored: see TreeBudget.record).
+# How far a step of the chosen shape moves the machine's slowdown toward what the step showed; the shape's own cost line
+# moves 1 - budget_estimates.FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
 SLOWDOWN_STEP = 0.3
 
 
@@ -229,25 +229,22 @@ class TreeBudget:
         This machine's speed drifts by tens of percent within minutes, and only the shape being run shows it: kept
         as measured, the costs of a shape run in a slow spell would be compared with those of shapes last run in a
         fast one. So costs are kept divided by :attr:`slowdown`, which a step of the chosen shape (not a probe) moves
-        toward what it cost against its kept cost, and every estimate is multiplied back by it. Where the chosen
-        shape's line is anchored (:meth:`Line.anchors`: about ten observations at this batch size) it is held, the
-        reference the slowdown is read against: were both to move, only their product would be measured, and their
-        split would wander (it ratcheted to 5x-15x in 3,000 steps of noise, inflating every other shape's estimate).
-        A step that switched shape (it drafted another shape than it verified, or verified another than the step
-        before) is not a cost observation: its costs are the switch's (module docstring)."""
+        toward what it cost against its kept cost, and every estimate is multiplied back by it. A step that switched
+        shape (it drafted another shape than it verified, or verified another than the step before) is not a cost
+        observation: its costs are the switch's (module docstring)."""
         self.last_run[verified] = self.steps
         steady = verified == drafted and self.last_verified in (None, verified)
         self.last_verified = verified
         if decode_only and batch > 0 and steady:
             seconds, line = max(step_seconds - draft_seconds, 0.0), self.verify_cost[verified]
+            if verified == self.current and line.observations >= MIN_OBSERVATIONS and line.covers(batch) \
+                    and line(batch) > 0:
+                drift = min(max(seconds / (self.slowdown * line(batch)), 1 / OUTLIER), OUTLIER)
+                self.slowdown *= 1 + SLOWDOWN_STEP * (drift - 1)
             if self.steps - self.last_observed[verified] > STALE_STEPS:
                 line.forget_near(batch)
             self.last_observed[verified] = self.steps
-            if verified == self.current and line.anchors(batch) and line(batch) > 0:
-                drift = min(max(seconds / (self.slowdown * line(batch)), 1 / OUTLIER), OUTLIER)
-                self.slowdown *= 1 + SLOWDOWN_STEP * (drift - 1)
-            else:
-                line.observe(batch, seconds / self.slowdown)
+            line.observe(batch, seconds / self.slowdown)
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0 and steady:
             scale = self.draft_scale[drafted]

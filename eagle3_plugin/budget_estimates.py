@@ -19,7 +19,6 @@ ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance me
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
 COVERED = 0.3  # weight of recent observations in a batch size's bucket for a cost line to be trusted there
 STALE_STEPS = 50  # steps after which an unfed acceptance mean, or an unrun shape's costs, are stale
-ANCHOR = 8.0  # weight of a bucket's observations (about ten) for a line to be held there (Line.anchors)
 
 
 @dataclass
@@ -66,11 +65,6 @@ class Line:
     def covers(self, units: float) -> bool:
         """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""
         return self._near.get(_bucket(units), (0.0,))[0] >= COVERED
-
-    def anchors(self, units: float) -> bool:
-        """Whether observations in ``units``' bucket weigh :data:`ANCHOR`: enough for the line to be held there as the
-        reference the machine's slowdown is read against (:meth:`~eagle3_plugin.budget.TreeBudget.record`)."""
-        return self._near.get(_bucket(units), (0.0,))[0] >= ANCHOR
 
     def forget_near(self, units: float) -> None:
         """Drop the observations in ``units``' bucket: they are stale (the shape has not run for a while, and the
