@@ -165,7 +165,7 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     hkv = keys.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(b, hkv, hq // hkv * q_len, d), keys, values, attn_mask=mask,
                                          scale=scale)
-    return out.view(b, hq, q_len, d)
+    return out.reshape(b, hq, q_len, d)  # a view on a CPU; CUDA kernels may lay it out otherwise
 
 
 class ConcatAttention:

@@ -3,9 +3,10 @@ exactly the numbers of the draft module (the separate official layers, the norm 
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import random_draft, tiny_llama
-from eagle3_plugin.draft import ConcatAttention
+from eagle3_plugin.draft import ConcatAttention, grouped_mask, masked_attention
 from eagle3_plugin.packed_draft import PackedDraft
 
 
@@ -36,3 +37,20 @@ def test_packed_draft_equals_the_module(dtype):
             for a, b in zip(packed.keys_values(ids, hidden, positions), draft.keys_values(ids, hidden, positions)):
                 assert torch.equal(a, b)
         assert torch.equal(packed.hot_ids, draft.hot_token_ids)
+
+
+def test_masked_attention_reads_any_layout_of_the_kernel_output(monkeypatch):
+    """CUDA's fused attention kernels return their output stored ``[B, Q, H, D]`` (an H200 run found ``view`` failing
+    on it): the draft's grouped-query attention takes any layout, and is plain softmax attention either way."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, heads, n, 8, generator=g) for heads, n in ((4, 3), (2, 5), (2, 5)))
+    allowed = torch.rand(2, 3, 5, generator=g) > 0.4
+    allowed[..., 0] = True
+    scores = q.double() @ k.double().repeat_interleave(2, dim=1).transpose(2, 3) * 0.35
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    expected = torch.softmax(scores, -1) @ v.double().repeat_interleave(2, dim=1)
+    kernel = F.scaled_dot_product_attention
+    for layout in (kernel, lambda *a, **kw: kernel(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2)):
+        monkeypatch.setattr(F, "scaled_dot_product_attention", layout)
+        out = masked_attention(q, k, v, grouped_mask(allowed, 2, torch.float32), 0.35)
+        torch.testing.assert_close(out.double(), expected)
