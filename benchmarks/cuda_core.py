@@ -7,8 +7,8 @@ there, and nothing can be fetched), so this checks what README's "What the GPU p
    same device (bundled checkpoint, batch 1 and 8), and a T=1 tree runs.
 2. **The step**: ``Speculator.step`` for a decode step (``--context`` stored positions a row, one new entry) at
    each batch, for the bundled draft (fp32) and a draft shaped like Llama-3.1-8B's EAGLE-3 draft (bf16, random
-   weights): device time per step (CUDA events, median), host time to issue it, host syncs and kernels per step;
-   and the same with the stable top-k's tie check replaced by an always-stable sort (no host read per level).
+   weights): device time per step (CUDA events, median), host time to issue it, host syncs (and where) and
+   kernels per step.
 3. **CUDA graphs**: one tree level's draft forward (``expand``) replayed from a graph against eager.
 4. **The bound**: an 8B Llama-shaped target's weight GEMMs (32 layers and the LM head, bf16) for the tokens one
    step verifies, the least its forward costs, beside which the draft's step is overhead.
@@ -25,11 +25,11 @@ import sys
 import time
 import traceback
 import warnings
+from collections import Counter
 
 import torch
 
 from eagle3_plugin import speculator as speculator_module
-from eagle3_plugin import tree as tree_module
 from eagle3_plugin.checkpoint import load_draft
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
@@ -72,12 +72,6 @@ def greedy_identity(device: str, num_prompts: int, new_tokens: int) -> bool:
     sampled = gen.generate(prompts[:num_prompts], new_tokens, SamplingParams.uniform(num_prompts, 1.0, device=device))
     print(f"| tree, T=1 | {num_prompts} | (sampled) | {sampled.stats.mean_acceptance_length:.3f} |\n")
     return ok
-
-
-def _always_sorted_topk(x: torch.Tensor, k: int, offset=None):
-    """``tree._stable_topk`` without its tie check: the stable sort always runs (no host read)."""
-    values, ids = torch.sort(x if offset is None else offset + x, dim=-1, descending=True, stable=True)
-    return values[..., :k], ids[..., :k]
 
 
 class _Timed:
@@ -127,8 +121,8 @@ def _median_ms(fn, steps: int, device: str) -> tuple[float, float]:
     return statistics.median(device_ms), statistics.median(host_ms)
 
 
-def _syncs_and_kernels(fn) -> tuple[int, int]:
-    """Host syncs (CUDA's sync debug mode) and GPU kernels (the profiler) in one call of ``fn``."""
+def _syncs_and_kernels(fn) -> tuple[Counter, int]:
+    """Host syncs by source line (CUDA's sync debug mode) and GPU kernels (the profiler) in one call of ``fn``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -136,7 +130,7 @@ def _syncs_and_kernels(fn) -> tuple[int, int]:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    syncs = Counter(f"{os.path.basename(w.filename)}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -147,25 +141,24 @@ def _syncs_and_kernels(fn) -> tuple[int, int]:
 def step_times(drafts: dict, batches: list[int], shapes: dict, context: int, steps: int, device: str) -> None:
     """Section 2."""
     print(f"## 2. Speculator.step on {device}: one decode step, {context} positions stored a row\n")
-    print("| draft | shape | batch | device ms | host ms | tie check off: device ms | syncs | kernels |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| draft | shape | batch | device ms | host ms | host syncs | kernels |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    sites = {}
     for name, (draft, config) in drafts.items():
-        base = {}
         for shape_name, shape in shapes.items():
+            at_batch_1 = None
             for batch in batches:
                 cell = _Timed(draft, config, batch, shape, context, device)
                 device_ms, host_ms = _median_ms(cell, steps, device)
-                original = tree_module._stable_topk
-                tree_module._stable_topk = _always_sorted_topk
-                try:
-                    sorted_ms, _ = _median_ms(cell, steps, device)
-                finally:
-                    tree_module._stable_topk = original
-                syncs, kernels = _syncs_and_kernels(cell) if device == "cuda" else (-1, -1)
-                base.setdefault(shape_name, device_ms)
-                print(f"| {name} | {shape_name} | {batch} | {device_ms:.2f} ({device_ms / base[shape_name]:.2f}x b1) "
-                      f"| {host_ms:.2f} | {sorted_ms:.2f} | {syncs} | {kernels} |", flush=True)
+                syncs, kernels = _syncs_and_kernels(cell) if device == "cuda" else (Counter(), -1)
+                sites[shape_name] = syncs
+                at_batch_1 = at_batch_1 or device_ms
+                print(f"| {name} | {shape_name} | {batch} | {device_ms:.2f} ({device_ms / at_batch_1:.2f}x b1) "
+                      f"| {host_ms:.2f} | {sum(syncs.values())} | {kernels} |", flush=True)
                 del cell
+    for shape_name, syncs in sites.items():
+        print(f"\nHost syncs of one {shape_name} step: "
+              + (", ".join(f"{site} x{n}" for site, n in sorted(syncs.items())) or "none counted (not on CUDA)"))
     print()
 
 

@@ -173,18 +173,20 @@ class Speculator:
         if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`store`)
             self.store(kv, rows.entries())
             return None
-        self.packed.reserve_positions(int((rows.start + rows.count).max()) + shape.depth)
+        extent = _RowExtent.of(rows)
+        self.packed.reserve_positions(extent.longest_end + shape.depth)
         self.flush()
         tree_columns = (shape.depth - 1) * shape.top_k
-        groups = _row_groups(rows.count)
+        groups = _row_groups(rows.count, extent.short_rows)
         if len(groups) == 1:
-            context, root_hidden = self._catch_up(kv, rows, tree_columns)
+            context, root_hidden = self._catch_up(kv, rows, tree_columns, extent.longest_start)
         else:
             root_hidden = torch.empty(rows.count.shape[0], self.packed.config.hidden_size,
                                       dtype=rows.features.dtype, device=rows.features.device)
             for index in groups:
-                root_hidden[index] = self._catch_up(kv, rows.select(index), 0)[1]
-            context = self._stored_context(kv, rows.slots, rows.start + rows.count, tree_columns)
+                selected = rows.select(index)
+                root_hidden[index] = self._catch_up(kv, selected, 0, int(selected.start.max()))[1]
+            context = self._stored_context(kv, rows.slots, rows.start + rows.count, tree_columns, extent.longest_end)
         expand = _LevelExpander(self.packed, context, root_hidden, rows.start + rows.count - 1, shape.top_k)
         sample, hot_ids = self.config.tree_sampler == "real", self.packed.hot_ids
         if shape.top_k == 1 and shape.total_tokens == shape.depth + 1:
@@ -217,13 +219,14 @@ class Speculator:
         self._deferred_to.keys.index_copy_(0, entries.slots, keys[0].transpose(0, 1))
         self._deferred_to.values.index_copy_(0, entries.slots, values[0].transpose(0, 1))
 
-    def _catch_up(self, kv: DraftKV, rows: DraftRows, extra_columns: int) -> tuple[_Context, torch.Tensor]:
+    def _catch_up(self, kv: DraftKV, rows: DraftRows, extra_columns: int,
+                  longest_start: int) -> tuple[_Context, torch.Tensor]:
         """One draft forward over ``rows``' new entries, queried at each row's last one; returns the context
         (stored prefix, then the new entries, then ``extra_columns`` free ones) and each row's output at its last
         entry. An entry's key and value need no attention, so the other entries run no query."""
         b, q = rows.tokens.shape
         device = rows.tokens.device
-        context = self._stored_context(kv, rows.slots, rows.start, q + extra_columns)
+        context = self._stored_context(kv, rows.slots, rows.start, q + extra_columns, longest_start)
         new = torch.arange(q, device=device)
         is_new = new[None] < rows.count[:, None]
         allowed = torch.cat([context.valid[:, None, :context.used], is_new[:, None, :],
@@ -242,16 +245,17 @@ class Speculator:
     def _write(kv: DraftKV, rows: DraftRows, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store the new entries' ``keys``/``values [B, Hkv, Q, D]`` at their rows' slots."""
         new = torch.arange(keys.shape[2], device=keys.device)
-        is_new = new[None] < rows.count[:, None]
+        is_new = torch.nonzero(new[None] < rows.count[:, None], as_tuple=True)  # one host read (the count)
         positions = (rows.start[:, None] + new).clamp(max=rows.slots.shape[1] - 1)
         slots = rows.slots.gather(1, positions)[is_new]
         kv.keys.index_copy_(0, slots, keys.transpose(1, 2)[is_new])
         kv.values.index_copy_(0, slots, values.transpose(1, 2)[is_new])
 
-    def _stored_context(self, kv: DraftKV, slots: torch.Tensor, length: torch.Tensor, extra_columns: int) -> _Context:
-        """Each row's stored positions ``0 .. length - 1`` read into the workspace with ``extra_columns`` more (copies
-        of position 0 until the step writes them; masked until then)."""
-        b, width = slots.shape[0], int(length.max())
+    def _stored_context(self, kv: DraftKV, slots: torch.Tensor, length: torch.Tensor, extra_columns: int,
+                        width: int) -> _Context:
+        """Each row's stored positions ``0 .. length - 1`` (``width``: the longest) read into the workspace with
+        ``extra_columns`` more (copies of position 0 until the step writes them; masked until then)."""
+        b = slots.shape[0]
         columns = width + extra_columns
         index = slots[:, :width]
         if extra_columns:
@@ -341,9 +345,25 @@ class _LevelExpander:
         return self.draft.logits(self.hidden)
 
 
-def _row_groups(count: torch.Tensor) -> list[torch.Tensor]:
-    """Row indices to run together: all rows, or the short rows and the long ones when both are present."""
-    short = count <= SHORT_ROW
-    if bool(short.all()) or not bool(short.any()):
+@dataclass(frozen=True)
+class _RowExtent:
+    """What a step must know of its rows on the host, read in one transfer (each read stalls a GPU's queue): the
+    longest row's stored positions before the step and after it, and how many rows are short (:data:`SHORT_ROW`)."""
+
+    longest_start: int
+    longest_end: int
+    short_rows: int
+
+    @classmethod
+    def of(cls, rows: DraftRows) -> "_RowExtent":
+        return cls(*torch.stack([rows.start.max(), (rows.start + rows.count).max(),
+                                 (rows.count <= SHORT_ROW).sum()]).tolist())
+
+
+def _row_groups(count: torch.Tensor, short_rows: int) -> list[torch.Tensor]:
+    """Row indices to run together: all rows, or the ``short_rows`` short ones and the long ones when both are
+    present."""
+    if short_rows in (0, count.shape[0]):
         return [torch.arange(count.shape[0], device=count.device)]
+    short = count <= SHORT_ROW
     return [torch.nonzero(short)[:, 0], torch.nonzero(~short)[:, 0]]

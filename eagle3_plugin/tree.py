@@ -168,8 +168,7 @@ def build_tree(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Exp
     rows = torch.arange(b, device=device)
     t_eff = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(root_logits.dtype)
     sampled_rows = (temperature > 0) & sample
-    sample = bool(sampled_rows.any())  # no row samples: plain cumulative log-probabilities, no draft_probs
-    scaled = bool((temperature > 0).any())
+    sample, scaled = _any_row(sampled_rows, temperature > 0)  # no row samples: cumulative log-probabilities only
 
     index = _tree_index(depth, top_k, device)
     cand_tokens, cand_score = [], []  # per level, its candidates: k_prev * top_k, parent-major
@@ -279,9 +278,8 @@ def build_chain(root_tokens: torch.Tensor, root_logits: torch.Tensor, expand: Ex
     device = root_logits.device
     random = as_row_random(generator)
     sampled_rows = (temperature > 0) & sample
-    sample = bool(sampled_rows.any())
+    sample, scaled = _any_row(sampled_rows, temperature > 0)
     t_eff = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).to(root_logits.dtype)
-    scaled = bool((temperature > 0).any())
     tokens, probs, logits = [root_tokens], [], root_logits
     parent_slot = torch.zeros(b, 1, dtype=torch.long, device=device)
     for level in range(1, depth + 1):
@@ -307,10 +305,13 @@ def _stable_topk(x: torch.Tensor, k: int, offset: Optional[torch.Tensor] = None)
     """Top-k of ``x + offset`` (``offset`` broadcast along the last dim, e.g. each parent's score; none: of ``x``)
     along the last dim, ties broken by the lower index (torch.topk does not promise it).
 
-    Fast path: ``torch.topk`` of ``k + 1`` of ``x``, then the offset added to those values alone (adding a constant
-    keeps the order, and rounding can only make equal values): when they are strictly decreasing there is no tie to
-    break and nothing outside them can reach the top k. Else the full stable sort of ``x + offset`` decides.
+    On a CPU, a fast path: ``torch.topk`` of ``k + 1`` of ``x``, then the offset added to those values alone (adding
+    a constant keeps the order, and rounding can only make equal values): when they are strictly decreasing there is
+    no tie to break and nothing outside them can reach the top k. Else the full stable sort of ``x + offset``
+    decides. That check reads the device; on a GPU, where a host read stalls the queue, :func:`_keyed_topk`.
     """
+    if x.is_cuda and x.dtype == torch.float32:
+        return _keyed_topk(x if offset is None else offset + x, k)
     if k < x.shape[-1]:
         values, ids = torch.topk(x, k + 1, dim=-1)
         if offset is not None:
@@ -319,6 +320,22 @@ def _stable_topk(x: torch.Tensor, k: int, offset: Optional[torch.Tensor] = None)
             return values[..., :k], ids[..., :k]
     values, ids = torch.sort(x if offset is None else offset + x, dim=-1, descending=True, stable=True)
     return values[..., :k], ids[..., :k]
+
+
+def _keyed_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stable top-k of float32 ``x`` (no NaN) in one ``torch.topk``, no host read: each value and its index are
+    packed into one int64 key, the value's bits in an order-preserving form above the index reversed, so keys are
+    distinct and order as the stable descending sort does (larger value first, then the lower index)."""
+    bits = (x + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes +0.0, so values that compare equal have equal bits
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # negative floats: larger bits, smaller
+    reversed_index = torch.arange(x.shape[-1] - 1, -1, -1, device=x.device)
+    ids = torch.topk((ordered << 32) | reversed_index, k, dim=-1).indices
+    return torch.gather(x, -1, ids), ids
+
+
+def _any_row(*flags: torch.Tensor) -> list[bool]:
+    """Whether any row is set, for each of ``flags [B]``: one host read for all."""
+    return torch.stack([f.any() for f in flags]).tolist()
 
 
 def _gumbel(shape, random: RowRandom, device) -> torch.Tensor:

@@ -186,6 +186,24 @@ def test_stable_topk_with_an_offset_is_that_of_the_sum():
     assert rounded_ties > 0  # the fallback was exercised
 
 
+def test_keyed_topk_is_the_stable_sort():
+    """The GPU's top-k (values and indices packed in int64 keys, no host read) gives the stable sort's top k: ties
+    (many, from coarse values), -0.0 beside +0.0, -inf, and values of any magnitude and sign."""
+    from eagle3_plugin.tree import _keyed_topk
+    gen = torch.Generator().manual_seed(2)
+    for trial in range(60):
+        x = torch.randn(3, 4, 64, generator=gen) * 10.0 ** (trial % 7 - 3)
+        if trial % 3 == 1:
+            x = x.round()  # many exact ties
+        if trial % 3 == 2:
+            x[..., ::5] = -0.0
+            x[..., 1::5] = 0.0
+            x[..., 2::7] = float("-inf")
+        values, ids = _keyed_topk(x, 9)
+        want_values, want_ids = torch.sort(x, dim=-1, descending=True, stable=True)
+        assert torch.equal(ids, want_ids[..., :9]) and torch.equal(values, want_values[..., :9])
+
+
 def test_chain_fast_path_is_the_top_k_1_tree():
     """build_chain gives build_tree's chain: same tokens, and at T > 0 the same draws and draft distributions."""
     from eagle3_plugin.tree import build_chain, build_tree
