@@ -18,8 +18,9 @@ measured, never assumed:
   attention, verification, the engine's own work: a step runs from its start to the next step's start,
   :class:`PendingRecord`), a line in ``B`` per shape, fitted online on steps without prompt chunks (recursive least
   squares with forgetting) and read, near the batch sizes it was observed at, through the observations there
-  (:class:`Line`). Both are kept in a common scale, divided by how much slower the machine runs now
-  (:meth:`TreeBudget.record`): a shape run in a slow spell is not compared with shapes last run in a fast one;
+  (:class:`Line`). Both are read at today's speed: a shape not being run is costed at what it was measured times
+  how much the shape being run has slowed since (:meth:`TreeBudget.drift`), so a shape run in a slow spell is not
+  compared with shapes last run in a fast one;
 - ``accepted_s``: accepted draft tokens per request per round, a mean over recent request-rounds (each request's
   round weighs alike, whatever the batch), started afresh when it was not fed for a while (the prompts it was
   taken on have gone, :class:`RoundMean`); rounds of a tree also tell what its chain would have accepted (the
@@ -47,7 +48,7 @@ measured at for fewer requests, is probed
 probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a
 tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few
 steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps
-are stale at the batch size it is next run at (its last probe there may have hit a slow spell the slowdown did not
+are stale at the batch size it is next run at (its last probe there may have hit a slow spell the drift did not
 see): they are read from its new steps there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
@@ -78,9 +79,7 @@ MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
 LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
-# How far a step of the chosen shape moves the machine's slowdown toward what the step showed; the shape's own cost line
-# moves 1 - budget_estimates.FORGET, so most of a lasting change in the chosen shape's cost is read as the machine's.
-SLOWDOWN_STEP = 0.3
+MAX_DRIFT = OUTLIER ** 2  # the most the machine is read to have slowed down (or sped up) since a shape last ran
 
 
 class TreeBudget:
@@ -92,9 +91,10 @@ class TreeBudget:
         self.chain = chain if chain != tree else None  # the tree's chain, when it is a shape of its own
         self.auto = config.budget == "auto"
         self.draft_costs = draft_costs or {}
-        self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds, over the slowdown
-        self.slowdown = 1.0  # this machine's step times now over the costs as they are kept (see record)
+        self.draft_scale = {s: 1.0 for s in self.shapes}  # observed / measured draft seconds
         self.verify_cost = {s: Line() for s in self.shapes}
+        # For each shape, the other shapes' cost lines as they stood when its cost was last observed (see drift).
+        self.lines_when_seen: dict = {s: {} for s in self.shapes}
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
         self.chain_depths = ChainDepths(config.depth)
@@ -151,7 +151,7 @@ class TreeBudget:
         batch (:meth:`Line.floor`): then a probe at this batch cannot change the choice, and is not paid for (a
         tree probed at 32 requests costs several plain steps each). False when it cannot tell."""
         floor = self.verify_cost[s].floor(batch)
-        floor = None if floor is None else self.slowdown * floor
+        floor = None if floor is None else self.drift(s, batch) * floor
         rivals = [self.tokens_per_second(o, batch) for o in self.shapes
                   if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]
         if floor is None or self.expected_accepted(s) is None or not rivals:
@@ -182,7 +182,7 @@ class TreeBudget:
         rounds = self.accepted[s].rounds if s in self.accepted else None
         out = {"observations": self.verify_cost[s].observations, "rounds": rounds}
         if self._measured(s):
-            out.update(tokens_per_s=round(self.tokens_per_second(s, batch), 1),
+            out.update(drift=round(self.drift(s, batch), 3), tokens_per_s=round(self.tokens_per_second(s, batch), 1),
                        verify_ms=round(1e3 * self.verify_seconds(s, batch), 3),
                        draft_ms=round(1e3 * self.draft_seconds(s, batch), 3),
                        accepted=round(self.expected_accepted(s), 3))
@@ -213,11 +213,27 @@ class TreeBudget:
 
     def verify_seconds(self, s: TreeShape, batch: int) -> float:
         """The expected seconds of a step verifying ``s`` for ``batch`` requests, but drafting, at today's speed."""
-        return self.slowdown * self.verify_cost[s](batch)
+        return self.drift(s, batch) * self.verify_cost[s](batch)
 
     def draft_seconds(self, s: TreeShape, batch: int) -> float:
         line = self.draft_costs.get(s)
-        return 0.0 if line is None else self.slowdown * self.draft_scale[s] * line(batch)
+        return 0.0 if line is None else self.drift(s, batch) * self.draft_scale[s] * line(batch)
+
+    def drift(self, s: TreeShape, batch: int) -> float:
+        """How much slower this machine runs a step of ``batch`` requests now than when ``s``'s cost was last observed,
+        read off the shape chosen last (the one being run): its cost line now against the same line then. 1 for the
+        shape being run, and where either line did not cover ``batch`` (an extrapolation says nothing of speed).
+
+        Every cost is kept as measured, and only the shape being run shows how this machine's speed drifts (by tens
+        of percent within minutes). An earlier budget kept costs divided by one slowdown that the chosen shape's steps
+        moved, while the same steps moved that shape's own line: only their product was measured, and under noise
+        their split ratcheted (median 4.7x in 3,000 simulated steps), inflating every other shape's estimate."""
+        reference = self.current
+        then = self.lines_when_seen[s].get(reference)
+        now = self.verify_cost[reference]
+        if s == reference or then is None or not (then.covers(batch) and now.covers(batch)) or then(batch) <= 0:
+            return 1.0
+        return min(max(now(batch) / then(batch), 1 / MAX_DRIFT), MAX_DRIFT)
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
                decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
@@ -226,29 +242,27 @@ class TreeBudget:
         verified whole only: one the scheduler cut near a length limit accepts less than its shape would; None when
         there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them.
 
-        This machine's speed drifts by tens of percent within minutes, and only the shape being run shows it: kept
-        as measured, the costs of a shape run in a slow spell would be compared with those of shapes last run in a
-        fast one. So costs are kept divided by :attr:`slowdown`, which a step of the chosen shape (not a probe) moves
-        toward what it cost against its kept cost, and every estimate is multiplied back by it. A step that switched
-        shape (it drafted another shape than it verified, or verified another than the step before) is not a cost
-        observation: its costs are the switch's (module docstring)."""
+        A step that switched shape (it drafted another shape than it verified, or verified another than the step
+        before) is not a cost observation: its costs are the switch's (module docstring). An observed cost is kept as
+        measured, with the other shapes' lines as they stand then (:meth:`drift`); a shape whose line did not cover
+        the batch yet when another was last seen is read from its first steps there on."""
         self.last_run[verified] = self.steps
         steady = verified == drafted and self.last_verified in (None, verified)
         self.last_verified = verified
         if decode_only and batch > 0 and steady:
-            seconds, line = max(step_seconds - draft_seconds, 0.0), self.verify_cost[verified]
-            if verified == self.current and line.observations >= MIN_OBSERVATIONS and line.covers(batch) \
-                    and line(batch) > 0:
-                drift = min(max(seconds / (self.slowdown * line(batch)), 1 / OUTLIER), OUTLIER)
-                self.slowdown *= 1 + SLOWDOWN_STEP * (drift - 1)
+            line = self.verify_cost[verified]
             if self.steps - self.last_observed[verified] > STALE_STEPS:
                 line.forget_near(batch)
             self.last_observed[verified] = self.steps
-            line.observe(batch, seconds / self.slowdown)
+            line.observe(batch, max(step_seconds - draft_seconds, 0.0))
+            self.lines_when_seen[verified] = {o: self.verify_cost[o].copy() for o in self.shapes if o != verified}
+            for s, lines in self.lines_when_seen.items():  # shapes seen before this one covered the batch: from now
+                if s != verified and (verified not in lines or not lines[verified].covers(batch)):
+                    lines[verified] = line.copy()
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0 and steady:
             scale = self.draft_scale[drafted]
-            observed = draft_seconds / (self.slowdown * measured(batch))
+            observed = draft_seconds / measured(batch)
             self.draft_scale[drafted] = 0.9 * scale + 0.1 * min(observed, OUTLIER * scale)
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
@@ -268,7 +282,7 @@ class TreeBudget:
 class BudgetLog:
     """Why an auto budget drafts what it drafts: one JSON line per :data:`LOG_EVERY` steps and at every change of
     the shape drafted (probes included), appended to ``path``: the step, the batch, the shape drafted and the one
-    chosen on merit, the machine's slowdown, and each shape's :meth:`TreeBudget.estimates`. ``EAGLE3_BUDGET_LOG=PATH``
+    chosen on merit, and each shape's :meth:`TreeBudget.estimates` (with its :meth:`TreeBudget.drift`). ``EAGLE3_BUDGET_LOG=PATH``
     turns it on in every engine (a file per process: give each server its own)."""
 
     def __init__(self, path: str):
@@ -284,7 +298,6 @@ class BudgetLog:
             return
         self._last = shape
         line = {"step": budget.steps, "batch": batch, "drafted": _name(shape), "chosen": _name(budget.current),
-                "slowdown": round(budget.slowdown, 4),
                 "shapes": {_name(s): budget.estimates(s, batch) for s in budget.shapes}}
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")

@@ -62,6 +62,10 @@ class Line:
             self.per_unit = max((sxy - sx * sy / n) / spread, 0.0)
         self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
 
+    def copy(self) -> "Line":
+        return Line(self.fixed, self.per_unit, self.observations, list(self._stats),
+                    {b: list(stats) for b, stats in self._near.items()})
+
     def covers(self, units: float) -> bool:
         """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""
         return self._near.get(_bucket(units), (0.0,))[0] >= COVERED
