@@ -45,9 +45,10 @@ one round of one request says little), not run for a while, or whose cost was no
 (a line fitted at batch 1 and 4 says little about batch 32) unless it would lose there even at the cost it was
 measured at for fewer requests, is probed
 (:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
-probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), so a
-tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few
-steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps
+probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is
+not probed at a batch size where it would lose even at its cost for half as many requests, so a tree that loses
+under load is not paid for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is
+probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps
 are stale at the batch size it is next run at (its last probe there may have hit a slow spell the drift did not
 see): they are read from its new steps there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
@@ -133,9 +134,10 @@ class TreeBudget:
         for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
             cost = self.verify_cost[s]
             unmeasured_here = cost.observations and not cost.covers(batch)
-            if self.steps - self.last_run[s] > self.probe_every[s] or (
-                    unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
-                    and not self.would_lose(s, batch)):
+            due = self.steps - self.last_run[s] > self.probe_every[s] and (
+                s == NONE or not self.would_lose(s, batch, below=True))
+            if due or (unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
+                       and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
                 if s != NONE:  # a probe of no speculation costs a few steps' drafts, and keeps its cost current
                     self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
@@ -146,11 +148,13 @@ class TreeBudget:
         self.probe_every[best] = PROBE_EVERY
         return best
 
-    def would_lose(self, s: TreeShape, batch: int) -> bool:
+    def would_lose(self, s: TreeShape, batch: int, below: bool = False) -> bool:
         """Whether ``s`` would lose at ``batch`` even if its step cost what it was measured to cost at a smaller
-        batch (:meth:`Line.floor`): then a probe at this batch cannot change the choice, and is not paid for (a
-        tree probed at 32 requests costs several plain steps each). False when it cannot tell."""
-        floor = self.verify_cost[s].floor(batch)
+        batch (:meth:`Line.floor`; ``below``: at half as many requests or fewer): then a probe at this batch cannot
+        change the choice, and is not paid for (a tree probed at 32 requests costs several plain steps each). False
+        when it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape that loses
+        at this batch by less than its cost grows from half the batch (at batch 1, always: nothing lies below)."""
+        floor = self.verify_cost[s].floor(batch, below)
         floor = None if floor is None else self.drift(s, batch) * floor
         rivals = [self.tokens_per_second(o, batch) for o in self.shapes
                   if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]

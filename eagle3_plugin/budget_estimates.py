@@ -75,10 +75,11 @@ class Line:
         machine's speed has moved since), and the next ones alone should be read there."""
         self._near.pop(_bucket(units), None)
 
-    def floor(self, units: float) -> Optional[float]:
+    def floor(self, units: float, below: bool = False) -> Optional[float]:
         """A lower bound on the cost at ``units``: the line at the bottom of the highest bucket at or below ``units``
-        whose own recent observations weigh :data:`COVERED` (more units never cost less); None when there is none."""
-        for b in range(_bucket(units), 0, -1):
+        (``below``: below ``units``' own bucket) whose own recent observations weigh :data:`COVERED` (more units never
+        cost less); None when there is none."""
+        for b in range(_bucket(units) - below, 0, -1):
             if self._near.get(b, (0.0,))[0] >= COVERED:
                 return self(1 << (b - 1))
         return None

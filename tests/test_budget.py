@@ -302,24 +302,46 @@ def test_a_chosen_shape_is_kept_until_it_is_expected_to_lose():
 
 
 def test_a_shape_that_keeps_losing_is_probed_ever_less_often():
-    """The tree costs 10x no speculation's step and is never chosen: its probes come after 200, 400, 800 ... steps
-    without it (capped), where a fixed interval would pay for it every 200 steps."""
+    """The tree costs 10x no speculation's step at one request and is never chosen: its probes come after 200, 400,
+    800 ... steps without it (capped), where a fixed interval would pay for it every 200 steps."""
     budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(0.030, 0.0), NONE: fitted(0.010, 0.0)}
     seed_acceptance(budget, tree=2, chain=2)
     probes = []
     for step in range(1, 8000):
-        shape = budget.shape(16)
+        shape = budget.shape(1)
         if shape == tree:
             probes.append(step)
-        budget.record(shape, shape, None, None, True, {tree: 0.100, chain: 0.030, NONE: 0.010}[shape], 0.0, 16)
+        budget.record(shape, shape, None, None, True, {tree: 0.100, chain: 0.030, NONE: 0.010}[shape], 0.0, 1)
     starts = [s for i, s in enumerate(probes) if i == 0 or probes[i - 1] != s - 1]
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     assert probes == [s + i for s in starts for i in range(PROBE_STEPS)]  # each probe: PROBE_STEPS steps in a row
     assert gaps[:4] == [2 * PROBE_EVERY + PROBE_STEPS, 4 * PROBE_EVERY + PROBE_STEPS, 8 * PROBE_EVERY + PROBE_STEPS,
                         PROBE_EVERY_MAX + PROBE_STEPS]
-    assert budget.shape(16) == NONE
+    assert budget.shape(1) == NONE
+
+
+def test_a_periodic_probe_is_skipped_where_the_shape_would_lose_even_at_half_the_load():
+    """At 16 requests the tree would lose even at its cost for 8 (a tree probe there cost ~6 plain steps a step in
+    stop 37's run C and ~3 chain steps in stop 38's): its periodic probes skip it there, and it is probed when the
+    load falls to where it might win; no speculation is still probed at its steady pace."""
+    budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    costs = {tree: (0.020, 0.004), chain: (0.008, 0.0005), NONE: (0.007, 0.0002)}  # fixed, per request
+    budget.verify_cost = {s: fitted(*c) for s, c in costs.items()}
+    seed_acceptance(budget, tree=3, chain=2)
+    drafted = []
+    for step in range(1, 3 * PROBE_EVERY):
+        batch = 16 if step < 2 * PROBE_EVERY else 1
+        if step == 2 * PROBE_EVERY:  # the tree is overdue for a probe, and loses at 16 even at its cost for 8
+            assert budget.steps - budget.last_run[tree] > budget.probe_every[tree]
+            assert budget.would_lose(tree, 16, below=True) and not budget.would_lose(tree, 1, below=True)
+        shape = budget.shape(batch)
+        drafted.append((batch, shape))
+        budget.record(shape, shape, None, None, True, costs[shape][0] + costs[shape][1] * batch, 0.0, batch)
+    assert (16, tree) not in drafted and (1, tree) in drafted
+    assert drafted.count((16, NONE)) >= PROBE_STEPS
 
 
 def test_a_shape_that_loses_at_a_smaller_batch_is_not_probed_at_a_larger_one():
