@@ -46,8 +46,8 @@ one round of one request says little), not run for a while, or whose cost was no
 measured at for fewer requests, is probed
 (:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
 probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is
-not probed at a batch size where it would lose even at its cost for half as many requests, so a tree that loses
-under load is not paid for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is
+not probed at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape
+verifying fewer tokens, so a tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is
 probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps
 are stale at the batch size it is next run at (its last probe there may have hit a slow spell the drift did not
 see): they are read from its new steps there alone.
@@ -149,13 +149,19 @@ class TreeBudget:
         return best
 
     def would_lose(self, s: TreeShape, batch: int, below: bool = False) -> bool:
-        """Whether ``s`` would lose at ``batch`` even if its step cost what it was measured to cost at a smaller
-        batch (:meth:`Line.floor`; ``below``: at half as many requests or fewer): then a probe at this batch cannot
-        change the choice, and is not paid for (a tree probed at 32 requests costs several plain steps each). False
-        when it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape that loses
-        at this batch by less than its cost grows from half the batch (at batch 1, always: nothing lies below)."""
+        """Whether ``s`` would lose at ``batch`` even if its step cost only the larger of what it was measured to
+        cost at a smaller batch (:meth:`Line.floor`; ``below``: at half as many requests or fewer) and what a shape
+        verifying fewer tokens a request costs at this one, observed lately (more tokens never cost less): then a probe
+        at this batch
+        cannot change the choice, and is not paid for (a tree step at 16 to 32 requests costs 3 to 6 plain ones).
+        False when it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape
+        that loses at this batch by less than its cost grows from half the batch."""
         floor = self.verify_cost[s].floor(batch, below)
         floor = None if floor is None else self.drift(s, batch) * floor
+        smaller = [self.verify_seconds(o, batch) for o in self.shapes if o.total_tokens < s.total_tokens
+                   and self.verify_cost[o].covers(batch) and self.steps - self.last_observed[o] <= STALE_STEPS]
+        if smaller:  # a tree's own floor from batch 1 says little at 16: it verifies 16 times the tokens there
+            floor = max([floor or 0.0] + smaller)
         rivals = [self.tokens_per_second(o, batch) for o in self.shapes
                   if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]
         if floor is None or self.expected_accepted(s) is None or not rivals:

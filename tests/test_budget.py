@@ -363,6 +363,28 @@ def test_a_shape_that_loses_at_a_smaller_batch_is_not_probed_at_a_larger_one():
     assert Line().floor(32) is None
 
 
+def test_a_shape_costs_at_least_what_a_shape_verifying_fewer_tokens_costs_at_the_same_batch():
+    """The tree was last measured at one request (9 ms a step) and its line says nothing of 16; the chain runs at 16
+    (12 ms). The tree verifies 5 tokens a request against the chain's 4, so it costs at least 12 ms there, and with its
+    draft it cannot win: not probed (stop 38's run F: a tree probe at 15-16 in every round, each step ~3 chain steps).
+    A cost not observed lately is no such bound: it may be stale."""
+    tree, chain = TreeBudget(CONFIG).shapes[:2]
+    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})  # drafting, any batch
+    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
+                          NONE: fitted(0.003, 0.0003)}
+    seed_acceptance(budget, tree=3, chain=2)
+    budget.current = chain
+    budget.steps = PROBE_EVERY  # the tree's last probe long ago, every other shape run lately
+    budget.last_run = {s: budget.steps for s in budget.shapes}
+    budget.last_run[tree] = 0
+    assert budget.verify_cost[tree].floor(16) == pytest.approx(0.009)  # alone, its floor would let it win
+    assert budget.tokens_per_second(tree, 16, verify_seconds=0.009) > budget.tokens_per_second(chain, 16)
+    assert not budget.would_lose(tree, 16)  # the chain's cost was not observed lately
+    budget.last_observed = {s: budget.steps for s in budget.shapes}
+    assert budget.would_lose(tree, 16)
+    assert tree not in [budget.shape(16) for _ in range(PROBE_STEPS)]
+
+
 def test_the_chain_inside_a_wide_tree_is_completed_past_the_depth_the_tree_held_it_to():
     """The chain alone accepts all 3 of its nodes. A wide tree (root; 1 and 2 under it; 3 under 1; 4 under 2) holds
     its chain only to depth 2: where it accepts 1 -> 3, its chain accepted all it held and would have gone on (it
