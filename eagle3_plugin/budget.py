@@ -103,6 +103,7 @@ class TreeBudget:
         self.last_observed = {s: 0 for s in self.shapes}  # the last step whose cost a shape's line observed
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
         self.last_probe = {s: -PROBE_EVERY for s in self.shapes}  # when a probe last began
+        self.probe_batch = {s: 1 for s in self.shapes}  # at how many requests it began
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
         self.current = NONE  # the shape chosen last on merit (not a probe)
         self.last_verified: Optional[TreeShape] = None  # the shape the last recorded step verified
@@ -139,9 +140,13 @@ class TreeBudget:
             if due or (unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
                        and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
+                self.probe_batch[s] = batch
                 if s != NONE:  # a probe of no speculation costs a few steps' drafts, and keeps its cost current
                     self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
             if self.probe_left[s] > 0 or not self._measured(s):
+                if s != NONE and batch > 2 * self.probe_batch[s] and self.would_lose(s, batch, below=True):
+                    self.probe_left[s] = 0  # a probe carried into a load where the shape cannot win: ended
+                    continue
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 return s
         best = self.current = self.best(batch)

@@ -385,6 +385,27 @@ def test_a_shape_costs_at_least_what_a_shape_verifying_fewer_tokens_costs_at_the
     assert tree not in [budget.shape(16) for _ in range(PROBE_STEPS)]
 
 
+def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_shape_cannot_win():
+    """Stop 38's run G: a probe of the tree began at one request, where it may win, and its acceptance mean had
+    started afresh; the batch of one ended and 16 requests came before the mean held MIN_ROUNDS rounds, so the tree
+    was drafted at 16 (5 steps at ~3 chain steps each). A probe carried to more than twice the load it began at ends
+    there when the shape would lose even at half that load; at its own load it goes on."""
+    tree, chain = TreeBudget(CONFIG).shapes[:2]
+    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})
+    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
+                          NONE: fitted(0.003, 0.0003)}
+    seed_acceptance(budget, tree=3, chain=2)
+    budget.current = chain
+    budget.steps = PROBE_EVERY
+    budget.last_run = {s: budget.steps for s in budget.shapes}
+    budget.last_observed = {s: budget.steps for s in budget.shapes}
+    budget.accepted[tree] = RoundMean()
+    budget.accepted[tree].observe(torch.full((4,), 3.0), budget.steps)  # a fresh mean, 4 rounds: not measured
+    budget.probe_batch[tree] = 1
+    assert budget.shape(1) == tree  # at the load it began at, the probe goes on
+    assert budget.shape(16) != tree and budget.shape(16) == chain
+
+
 def test_the_chain_inside_a_wide_tree_is_completed_past_the_depth_the_tree_held_it_to():
     """The chain alone accepts all 3 of its nodes. A wide tree (root; 1 and 2 under it; 3 under 1; 4 under 2) holds
     its chain only to depth 2: where it accepts 1 -> 3, its chain accepted all it held and would have gone on (it
