@@ -43,8 +43,8 @@ the steps between 2.4 ms, so a three-step probe read no speculation 1.5x dear an
 lost). A shape with too few measurements (:data:`MIN_ROUNDS` request-rounds since its mean last started afresh:
 one round of one request says little), not run for a while, or whose cost was not measured at about this batch size
 (a line fitted at batch 1 and 4 says little about batch 32) unless it would lose there even at the cost it was
-measured at for fewer requests, is probed,
-the smallest shape first (:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
+measured at for fewer requests, is probed
+(:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
 probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is
 not probed at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape
 verifying fewer tokens, so a tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is
@@ -132,8 +132,7 @@ class TreeBudget:
     def _choose(self, batch: int, seeded: bool) -> TreeShape:
         if not self.auto or seeded:
             return self.shapes[0]
-        for s in reversed(self.shapes):  # too few measurements, not run for a while, or not at this load: probe it,
-            # the smallest first, so a bigger shape is judged against fresh costs of the smaller (would_lose)
+        for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
             cost = self.verify_cost[s]
             unmeasured_here = cost.observations and not cost.covers(batch)
             due = self.steps - self.last_run[s] > self.probe_every[s] and (
