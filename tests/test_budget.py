@@ -442,6 +442,15 @@ def test_the_tree_is_credited_the_lower_of_its_gain_as_a_ratio_and_as_a_differen
         assert budget.expected_accepted(tree) == pytest.approx(expected, rel=0.02)
 
 
+def run_in_turn(budget: TreeBudget, verify_seconds: dict) -> None:
+    """Each shape chosen and run for 20 steps at one request, in the dict's order: ``verify_seconds`` a step besides
+    its 1 ms of drafting."""
+    for s, seconds in verify_seconds.items():
+        budget.current = s
+        for _ in range(20):
+            budget.record(s, s, None, None, True, seconds + 0.001, 0.001, 1)
+
+
 def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_look_cheaper():
     """The tree (3 accepted a round, 14 ms a step) loses narrowly to the chain (2, 10 ms). Then this machine slows
     down 2x while the chain runs: its steps cost 20 ms, and the tree, not run, was measured in the fast spell. The
@@ -450,10 +459,7 @@ def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     seed_acceptance(budget, tree=3, chain=2)
-    for s, seconds in ((tree, 0.014), (NONE, 0.010), (chain, 0.010)):
-        budget.current = s
-        for _ in range(20):
-            budget.record(s, s, None, None, True, seconds + 0.001, 0.001, 1)
+    run_in_turn(budget, {tree: 0.014, NONE: 0.010, chain: 0.010})
     before = budget.tokens_per_second(tree, 1) / budget.tokens_per_second(chain, 1)
     assert before < 1 and budget.shape(1) == chain
     for _ in range(60):
@@ -472,10 +478,7 @@ def test_noise_in_the_shape_being_run_does_not_move_the_estimates_of_the_others(
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
     tree, chain = budget.shapes[:2]
     seed_acceptance(budget, tree=3, chain=2)
-    for s, seconds in ((tree, 0.014), (NONE, 0.009), (chain, 0.010)):
-        budget.current = s
-        for _ in range(20):
-            budget.record(s, s, None, None, True, seconds + 0.001, 0.001, 1)
+    run_in_turn(budget, {tree: 0.014, NONE: 0.009, chain: 0.010})
     noise = torch.distributions.LogNormal(0.0, 0.3)
     torch.manual_seed(seed)
     estimates = []
