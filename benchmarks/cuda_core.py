@@ -49,7 +49,8 @@ LLAMA_8B_LAYERS = 32
 def greedy_identity(device: str, num_prompts: int, new_tokens: int) -> bool:
     """Section 1: speculative greedy (tree, chain) equals plain greedy on ``device``, batch 1 and ``num_prompts``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    target_dir, base = os.path.join(ROOT, "checkpoints/target"), Eagle3Config.load(os.path.join(ROOT, "checkpoints/draft"))
+    target_dir = os.path.join(ROOT, "checkpoints/target")
+    base = Eagle3Config.load(os.path.join(ROOT, "checkpoints/draft"))
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(
         os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))[:num_prompts]]

@@ -47,10 +47,10 @@ measured at for fewer requests, is probed
 (:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
 probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is
 not probed at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape
-verifying fewer tokens, so a tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is
-probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps
-are stale at the batch size it is next run at (its last probe there may have hit a slow spell the drift did not
-see): they are read from its new steps there alone.
+verifying fewer tokens, so a tree that loses under load is not paid for every few hundred steps, while no
+speculation, whose probe costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape
+not run for :data:`STALE_STEPS` steps are stale at the batch size it is next run at (its last probe there may have
+hit a slow spell the drift did not see): they are read from its new steps there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`BudgetLog`).
@@ -157,10 +157,9 @@ class TreeBudget:
         """Whether ``s`` would lose at ``batch`` even if its step cost only the larger of what it was measured to
         cost at a smaller batch (:meth:`Line.floor`; ``below``: at half as many requests or fewer) and what a shape
         verifying fewer tokens a request costs at this one, observed lately (more tokens never cost less): then a probe
-        at this batch
-        cannot change the choice, and is not paid for (a tree step at 16 to 32 requests costs 3 to 6 plain ones).
-        False when it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape
-        that loses at this batch by less than its cost grows from half the batch."""
+        at this batch cannot change the choice, and is not paid for (a tree step at 16 to 32 requests costs 3 to 6
+        plain ones). False when it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes
+        a shape that loses at this batch by less than its cost grows from half the batch."""
         floor = self.verify_cost[s].floor(batch, below)
         floor = None if floor is None else self.drift(s, batch) * floor
         smaller = [self.verify_seconds(o, batch) for o in self.shapes if o.total_tokens < s.total_tokens
@@ -297,8 +296,8 @@ class TreeBudget:
 class BudgetLog:
     """Why an auto budget drafts what it drafts: one JSON line per :data:`LOG_EVERY` steps and at every change of
     the shape drafted (probes included), appended to ``path``: the step, the batch, the shape drafted and the one
-    chosen on merit, and each shape's :meth:`TreeBudget.estimates` (with its :meth:`TreeBudget.drift`). ``EAGLE3_BUDGET_LOG=PATH``
-    turns it on in every engine (a file per process: give each server its own)."""
+    chosen on merit, and each shape's :meth:`TreeBudget.estimates` (with its :meth:`TreeBudget.drift`).
+    ``EAGLE3_BUDGET_LOG=PATH`` turns it on in every engine (a file per process: give each server its own)."""
 
     def __init__(self, path: str):
         self.path, self._last = path, None
