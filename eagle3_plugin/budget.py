@@ -106,6 +106,7 @@ class TreeBudget:
         self.probe_batch = {s: 1 for s in self.shapes}  # at how many requests it began
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
         self.current = NONE  # the shape chosen last on merit (not a probe)
+        self.reference = NONE  # the shape whose cost line the drift is read off (see drift)
         self.last_verified: Optional[TreeShape] = None  # the shape the last recorded step verified
         self.steps = 0
         self.log = BudgetLog.from_env() if self.auto else None
@@ -235,19 +236,32 @@ class TreeBudget:
 
     def drift(self, s: TreeShape, batch: int) -> float:
         """How much slower this machine runs a step of ``batch`` requests now than when ``s``'s cost was last observed,
-        read off the shape chosen last (the one being run): its cost line now against the same line then. 1 for the
-        shape being run, and where either line did not cover ``batch`` (an extrapolation says nothing of speed).
+        read off the :attr:`reference` shape (the one being run): its cost line now against the same line then. 1 for
+        the reference, and where either line did not cover ``batch`` (an extrapolation says nothing of speed).
+
+        The reference is the shape chosen last once its own cost has been observed since (:meth:`_hand_over`). A
+        shape just chosen holds the costs of its last run, possibly in another spell: read as they stand, they would
+        undo the drift that chose it, and the budget would switch back at once (run I: the chain and no speculation
+        alternating step after step). Until its own steps are measured, it is read through the drift that chose it.
 
         Every cost is kept as measured, and only the shape being run shows how this machine's speed drifts (by tens
         of percent within minutes). An earlier budget kept costs divided by one slowdown that the chosen shape's steps
         moved, while the same steps moved that shape's own line: only their product was measured, and under noise
         their split ratcheted (median 4.7x in 3,000 simulated steps), inflating every other shape's estimate."""
-        reference = self.current
+        reference = self.reference
         then = self.lines_when_seen[s].get(reference)
         now = self.verify_cost[reference]
         if s == reference or then is None or not (then.covers(batch) and now.covers(batch)) or then(batch) <= 0:
             return 1.0
         return min(max(now(batch) / then(batch), 1 / MAX_DRIFT), MAX_DRIFT)
+
+    def _hand_over(self, chosen: TreeShape, batch: int) -> dict:
+        """Make ``chosen``, observed for the first time since it was chosen, the :attr:`reference`; returns each other
+        shape's drift as read off the old reference, which :meth:`record` carries across (its snapshot of ``chosen``'s
+        line scaled so that it reads the same drift now): no reading jumps at the hand-over."""
+        carried = {s: self.drift(s, batch) for s in self.shapes if s != chosen}
+        self.reference = chosen
+        return carried
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
                decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
@@ -265,13 +279,16 @@ class TreeBudget:
         self.last_verified = verified
         if decode_only and batch > 0 and steady:
             line = self.verify_cost[verified]
+            carried = self._hand_over(verified, batch) if verified == self.current != self.reference else {}
             if self.steps - self.last_observed[verified] > STALE_STEPS:
                 line.forget_near(batch)
             self.last_observed[verified] = self.steps
             line.observe(batch, max(step_seconds - draft_seconds, 0.0))
             self.lines_when_seen[verified] = {o: self.verify_cost[o].copy() for o in self.shapes if o != verified}
             for s, lines in self.lines_when_seen.items():  # shapes seen before this one covered the batch: from now
-                if s != verified and (verified not in lines or not lines[verified].covers(batch)):
+                if s in carried:
+                    lines[verified] = line.scaled(1 / carried[s])
+                elif s != verified and (verified not in lines or not lines[verified].covers(batch)):
                     lines[verified] = line.copy()
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0 and steady:

@@ -63,8 +63,14 @@ class Line:
         self.fixed = max(sy / n - self.per_unit * sx / n, 0.0)
 
     def copy(self) -> "Line":
-        return Line(self.fixed, self.per_unit, self.observations, list(self._stats),
-                    {b: list(stats) for b, stats in self._near.items()})
+        return self.scaled(1.0)
+
+    def scaled(self, factor: float) -> "Line":
+        """A copy that reads every cost ``factor`` times this line's."""
+        n, sx, sy, sxx, sxy = self._stats
+        near = {b: [m, x, factor * y] for b, (m, x, y) in self._near.items()}
+        stats = [n, sx, factor * sy, sxx, factor * sxy]
+        return Line(factor * self.fixed, factor * self.per_unit, self.observations, stats, near)
 
     def covers(self, units: float) -> bool:
         """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""

@@ -469,6 +469,32 @@ def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_
     assert budget.shape(1) == chain
 
 
+def test_a_shape_just_chosen_is_read_through_the_drift_that_chose_it_until_its_own_steps_are_measured():
+    """No speculation and the chain were last run side by side in a slow spell (10 and 20 ms a step); the chain runs
+    on as the machine speeds up 2x, so no speculation is read at about 5 ms. When the chain's acceptance falls to 0.5
+    a round, no speculation wins and is chosen. Its own line still holds the slow spell's 10 ms until its steps are
+    measured (the switch's steps are not): read as it stands, the chain would win back at once, and the budget would
+    alternate (run I at one request: 8 steps). Read through the drift that chose it, it is kept, and is still kept
+    once its own steps, at 5 ms, are read and every other shape's drift is carried across to its line."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=1, chain=1.5)
+    run_in_turn(budget, {tree: 0.060, NONE: 0.010, chain: 0.020})
+    verify_seconds = {tree: 0.030, chain: 0.010, NONE: 0.005}  # the machine 2x faster from here on
+    drafted, last = [], chain
+    for step in range(80):
+        if step == 60:
+            budget.accepted[chain] = RoundMean()
+            budget.accepted[chain].observe(torch.full((100,), 0.5), budget.steps)
+        s = budget.shape(1)
+        budget.record(last, s, None, None, True, verify_seconds[last] + 0.001, 0.001, 1)
+        drafted.append(s)
+        last = s
+    assert drafted[:60] == [chain] * 60
+    assert drafted[60:] == [NONE] * 20, drafted[60:]
+    assert budget.reference == NONE and budget.drift(chain, 1) == pytest.approx(1, rel=0.1)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_noise_in_the_shape_being_run_does_not_move_the_estimates_of_the_others(seed):
     """The chain runs 3,000 steps whose cost is noise about a steady 10 ms (log-normal, sd 0.3); the tree and no
