@@ -40,17 +40,17 @@ their entries), so estimates near the margin do not make the budget alternate. T
 shape's: a step is a cost observation only when it verified and drafted the shape its previous step verified (run
 Y at 16 requests: the first step without drafts after the chain's took 4.4 ms, the step back to the chain 3.6 ms,
 the steps between 2.4 ms, so a three-step probe read no speculation 1.5x dear and the chain was kept where it
-lost). A shape with too few measurements (:data:`MIN_ROUNDS` request-rounds since its mean last started afresh:
-one round of one request says little), not run for a while, or whose cost was not measured at about this batch size
-(a line fitted at batch 1 and 4 says little about batch 32) unless it would lose there even at the cost it was
-measured at for fewer requests, is probed
-(:data:`PROBE_STEPS` steps in a row, and on until its mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts,
-probed and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is
-not probed at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape
-verifying fewer tokens, so a tree that loses under load is not paid for every few hundred steps, while no
-speculation, whose probe costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape
-not run for :data:`STALE_STEPS` steps are stale at the batch size it is next run at (its last probe there may have
-hit a slow spell the drift did not see): they are read from its new steps there alone.
+lost). A shape with too few measurements (:data:`MIN_ROUNDS` request-rounds since its mean last started afresh: one
+round of one request says little), not run for a while, or whose cost was not measured at about this batch size (a line
+fitted at batch 1 and 4 says little about batch 32) unless it would lose there even at the cost it was measured at for
+fewer requests, or for more scaled down by the load, is probed (:data:`PROBE_STEPS` steps in a row, and on until its
+mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts, probed and still not chosen, waits twice as long for its
+next probe (up to :data:`PROBE_EVERY_MAX` steps), and is not probed at a batch size where it would lose even at its cost
+for half as many requests or at the cost of a shape verifying fewer tokens, so a tree that loses under load is not paid
+for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is probed every
+:data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps are stale at the batch size it is
+next run at (its last probe there may have hit a slow spell the drift did not see): they are read from its new steps
+there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`BudgetLog`).
@@ -155,20 +155,28 @@ class TreeBudget:
         return best
 
     def would_lose(self, s: TreeShape, batch: int, below: bool = False) -> bool:
-        """Whether ``s`` would lose at ``batch`` even if its step cost only the larger of what it was measured to
-        cost at a smaller batch (:meth:`Line.floor`; ``below``: at half as many requests or fewer) and what a shape
-        verifying fewer tokens a request costs at this one, observed lately (more tokens never cost less): then a probe
-        at this batch cannot change the choice, and is not paid for (a tree step at 16 to 32 requests costs 3 to 6
-        plain ones). False when it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes
-        a shape that loses at this batch by less than its cost grows from half the batch."""
+        """Whether ``s`` would lose at ``batch`` even if its step cost only the larger of its :meth:`Line.floor` there
+        (from what it was measured to cost at a smaller batch, or at a larger one scaled down by the load; ``below``:
+        at half as many requests or fewer) and what a shape verifying fewer tokens a request costs at this one, observed
+        lately (more tokens never cost less), while each rival costs its estimate, or where its cost was not measured
+        at this batch, its :meth:`Line.ceiling` (what it cost at a larger one): then a probe at this batch cannot
+        change the choice, and is not paid for (a tree step at 16 to 32 requests costs 3 to 6 plain ones). False when
+        it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape that loses at
+        this batch by less than its cost grows from half the batch. The bounds from a larger batch decide the first
+        steps of a load that drained into a new bucket (run I, and a closed batch of 32: at 28 to 13 requests, the
+        tree first in line as no shape's cost covered them, probed at 5 times a plain step's cost)."""
         floor = self.verify_cost[s].floor(batch, below)
         floor = None if floor is None else self.drift(s, batch) * floor
         smaller = [self.verify_seconds(o, batch) for o in self.shapes if o.total_tokens < s.total_tokens
                    and self.verify_cost[o].covers(batch) and self.steps - self.last_observed[o] <= STALE_STEPS]
         if smaller:  # a tree's own floor from batch 1 says little at 16: it verifies 16 times the tokens there
             floor = max([floor or 0.0] + smaller)
-        rivals = [self.tokens_per_second(o, batch) for o in self.shapes
-                  if o != s and self.verify_cost[o].covers(batch) and self._measured(o)]
+        rivals = []
+        for o in self.shapes:
+            ceiling = self.verify_cost[o].ceiling(batch)
+            if o != s and ceiling is not None and self._measured(o):
+                bound = None if self.verify_cost[o].covers(batch) else self.drift(o, batch) * ceiling
+                rivals.append(self.tokens_per_second(o, batch, verify_seconds=bound))
         if floor is None or self.expected_accepted(s) is None or not rivals:
             return False
         return self.tokens_per_second(s, batch, verify_seconds=floor) < max(rivals)

@@ -74,7 +74,7 @@ class Line:
 
     def covers(self, units: float) -> bool:
         """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""
-        return self._near.get(_bucket(units), (0.0,))[0] >= COVERED
+        return self._covered(_bucket(units))
 
     def forget_near(self, units: float) -> None:
         """Drop the observations in ``units``' bucket: they are stale (the shape has not run for a while, and the
@@ -82,12 +82,32 @@ class Line:
         self._near.pop(_bucket(units), None)
 
     def floor(self, units: float, below: bool = False) -> Optional[float]:
-        """A lower bound on the cost at ``units``: the line at the bottom of the highest bucket at or below ``units``
-        (``below``: below ``units``' own bucket) whose own recent observations weigh :data:`COVERED` (more units never
-        cost less); None when there is none."""
-        for b in range(_bucket(units) - below, 0, -1):
-            if self._near.get(b, (0.0,))[0] >= COVERED:
-                return self(1 << (b - 1))
+        """A lower bound on the cost at ``units``, the larger of two (None when neither exists): the line at the bottom
+        of the highest covered bucket at or below ``units`` (``below``: below ``units``' own bucket; more units never
+        cost less), and, but with ``below``, the line at the bottom of the lowest covered bucket above, scaled down in
+        proportion to the units (batching never makes a unit dearer: ``fixed + per_unit * units`` with ``fixed >= 0``
+        falls no faster than the units)."""
+        bounds = [self(1 << (b - 1)) for b in range(_bucket(units) - below, 0, -1) if self._covered(b)][:1]
+        above = None if below else self._above(units)
+        if above is not None:
+            bounds.append(above[1] * units / above[0])
+        return max(bounds) if bounds else None
+
+    def ceiling(self, units: float) -> Optional[float]:
+        """An upper bound on the cost at ``units``: the line there where it :meth:`covers` it, else at the bottom of the
+        lowest covered bucket above (more units never cost less); None when there is none."""
+        if self.covers(units):
+            return self(units)
+        above = self._above(units)
+        return None if above is None else above[1]
+
+    def _covered(self, bucket: int) -> bool:
+        return self._near.get(bucket, (0.0,))[0] >= COVERED
+
+    def _above(self, units: float) -> Optional[tuple[int, float]]:
+        """The units at the bottom of the lowest covered bucket above ``units``' own, and the line there; or None."""
+        for b in sorted(b for b in self._near if b > _bucket(units) and self._covered(b)):
+            return 1 << (b - 1), self(1 << (b - 1))
         return None
 
 

@@ -359,8 +359,33 @@ def test_a_shape_that_loses_at_a_smaller_batch_is_not_probed_at_a_larger_one():
     assert budget.would_lose(tree, 32)  # 4 tokens a request in >= 79 ms against none's 32 in ~17 ms
     assert not budget.would_lose(chain, 32)  # 3 a request in >= 15 ms: it might win at 32
     assert [budget.shape(32) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
-    assert not budget.would_lose(tree, 2)  # no bucket at or below 2 was measured: it cannot tell
-    assert Line().floor(32) is None
+    assert budget.would_lose(tree, 2)  # nothing measured at or below 2, but half its cost at 4 already loses
+    assert Line().floor(32) is None and Line().ceiling(32) is None
+
+
+def test_a_cost_is_bounded_from_a_larger_batch_by_the_load():
+    """Measured at 32 requests only: at 24 a step costs at most what it cost at 32 (more requests never cost less) and
+    at least that times 24/32 (batching never makes a request dearer)."""
+    line = fitted(0.002, 0.001, batches=(32,))
+    assert not line.covers(24) and line.covers(32)
+    assert line.ceiling(24) == pytest.approx(0.034) and line.floor(24) == pytest.approx(0.034 * 24 / 32)
+    assert line.floor(24, below=True) is None  # a periodic probe's bound reads smaller batches only
+    assert line.ceiling(48) == pytest.approx(line(48)) and line.ceiling(64) is None  # 32-63: one bucket
+
+
+def test_a_batch_drained_into_a_new_bucket_does_not_probe_a_shape_that_loses_even_at_its_cost_scaled_down():
+    """Every shape measured at 32 requests alone (a closed batch: the tree 38 ms a step, the chain 11, no speculation
+    5), the chain chosen there. As the batch drains to 24, no shape's cost covers that load. The tree, first in line,
+    used to be probed there (a closed batch of 32 in vLLM: 5 tree steps at 28 to 13 requests, ~50 ms each against ~10
+    ms): even at 24/32 of its cost at 32 it loses to the chain at the chain's full cost at 32. The chain, which may
+    well cost less at 24, is probed."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=3, chain=2.8)
+    run_in_turn(budget, {tree: 0.038, NONE: 0.005, chain: 0.011}, batch=32)
+    assert budget.shape(32) == chain
+    assert budget.would_lose(tree, 24) and not budget.would_lose(chain, 24)
+    assert [budget.shape(24) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
 
 
 def test_a_shape_costs_at_least_what_a_shape_verifying_fewer_tokens_costs_at_the_same_batch():
@@ -442,13 +467,13 @@ def test_the_tree_is_credited_the_lower_of_its_gain_as_a_ratio_and_as_a_differen
         assert budget.expected_accepted(tree) == pytest.approx(expected, rel=0.02)
 
 
-def run_in_turn(budget: TreeBudget, verify_seconds: dict) -> None:
-    """Each shape chosen and run for 20 steps at one request, in the dict's order: ``verify_seconds`` a step besides
-    its 1 ms of drafting."""
+def run_in_turn(budget: TreeBudget, verify_seconds: dict, batch: int = 1) -> None:
+    """Each shape chosen and run for 20 steps of ``batch`` requests, in the dict's order: ``verify_seconds`` a step
+    besides its 1 ms of drafting."""
     for s, seconds in verify_seconds.items():
         budget.current = s
         for _ in range(20):
-            budget.record(s, s, None, None, True, seconds + 0.001, 0.001, 1)
+            budget.record(s, s, None, None, True, seconds + 0.001, 0.001, batch)
 
 
 def test_a_slow_spell_seen_only_by_the_shape_being_run_does_not_make_the_others_look_cheaper():
