@@ -172,11 +172,11 @@ class TreeBudget:
         if smaller:  # a tree's own floor from batch 1 says little at 16: it verifies 16 times the tokens there
             floor = max([floor or 0.0] + smaller)
         rivals = []
-        for o in self.shapes:
-            ceiling = self.verify_cost[o].ceiling(batch)
-            if o != s and ceiling is not None and self._measured(o):
-                bound = None if self.verify_cost[o].covers(batch) else self.drift(o, batch) * ceiling
-                rivals.append(self.tokens_per_second(o, batch, verify_seconds=bound))
+        for o in (o for o in self.shapes if o != s and self._measured(o)):
+            if self.verify_cost[o].covers(batch):
+                rivals.append(self.tokens_per_second(o, batch))
+            elif (ceiling := self.verify_cost[o].ceiling(batch)) is not None:
+                rivals.append(self.tokens_per_second(o, batch, verify_seconds=self.drift(o, batch) * ceiling))
         if floor is None or self.expected_accepted(s) is None or not rivals:
             return False
         return self.tokens_per_second(s, batch, verify_seconds=floor) < max(rivals)

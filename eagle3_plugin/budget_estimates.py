@@ -87,7 +87,8 @@ class Line:
         cost less), and, but with ``below``, the line at the bottom of the lowest covered bucket above, scaled down in
         proportion to the units (batching never makes a unit dearer: ``fixed + per_unit * units`` with ``fixed >= 0``
         falls no faster than the units)."""
-        bounds = [self(1 << (b - 1)) for b in range(_bucket(units) - below, 0, -1) if self._covered(b)][:1]
+        lower = next((b for b in range(_bucket(units) - below, 0, -1) if self._covered(b)), None)
+        bounds = [] if lower is None else [self(1 << (lower - 1))]
         above = None if below else self._above(units)
         if above is not None:
             bounds.append(above[1] * units / above[0])
@@ -106,9 +107,8 @@ class Line:
 
     def _above(self, units: float) -> Optional[tuple[int, float]]:
         """The units at the bottom of the lowest covered bucket above ``units``' own, and the line there; or None."""
-        for b in sorted(b for b in self._near if b > _bucket(units) and self._covered(b)):
-            return 1 << (b - 1), self(1 << (b - 1))
-        return None
+        b = min((b for b in self._near if b > _bucket(units) and self._covered(b)), default=None)
+        return None if b is None else (1 << (b - 1), self(1 << (b - 1)))
 
 
 def _bucket(units: float) -> int:
