@@ -16,7 +16,11 @@ _NOT_ATTACHED = object()
 
 
 def attach(output, draft_token_ids) -> None:
-    """Send ``draft_token_ids`` (vLLM's ``DraftTokenIds``, or None: no draft tokens) with the step's ``output``."""
+    """Send ``draft_token_ids`` (vLLM's ``DraftTokenIds``, or None: no draft tokens) with the step's ``output``. A
+    step that drafted nothing sends None: the scheduler cleared every scheduled request's draft tokens when it
+    scheduled it, so a list of empty ones would change nothing, at the cost of a loop over the batch."""
+    if draft_token_ids is not None and not any(draft_token_ids.draft_token_ids):
+        draft_token_ids = None
     setattr(output, ATTRIBUTE, draft_token_ids)
 
 

@@ -24,3 +24,19 @@ def test_drafts_travel_with_the_output():
     assert ours["tokens"] == native["tokens"]
     for name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"):
         assert ours["metrics"][name] == native["metrics"][name] > 0, name
+
+
+def test_a_step_that_drafted_nothing_hands_nothing():
+    """The scheduler cleared each scheduled request's draft tokens when it scheduled it: empty lists would change
+    nothing, so none are sent (a loop over the batch saved each step under heavy load)."""
+    from types import SimpleNamespace
+
+    from eagle3_plugin.vllm import draft_handoff
+    from vllm.v1.outputs import DraftTokenIds
+
+    output = SimpleNamespace()
+    draft_handoff.attach(output, DraftTokenIds(["a", "b"], [[], []]))
+    assert getattr(output, draft_handoff.ATTRIBUTE) is None
+    some = DraftTokenIds(["a", "b"], [[], [7, 8]])
+    draft_handoff.attach(output, some)
+    assert getattr(output, draft_handoff.ATTRIBUTE) is some
