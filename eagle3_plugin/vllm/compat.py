@@ -46,6 +46,8 @@ REQUIRED_INTERNALS = (
      ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states", "sample_hidden_states",
       "aux_hidden_states")),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._bookkeeping_sync", ()),
+    # each KV group's slot of every token of the step (its ``slot_mapping``): KV compaction, a decode step's entries
+    ("vllm.v1.worker.block_table", "BlockTable.compute_slot_mapping", ("num_reqs", "query_start_loc", "positions")),
     # the step's draft tokens travel with its output (draft_handoff)
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens", ("grammar_output",)),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.take_draft_token_ids", ()),

@@ -68,12 +68,6 @@ def block_slots(block_table: torch.Tensor, length: int, block_size: int) -> torc
     return block_table[:, positions // block_size].long() * block_size + positions % block_size
 
 
-def position_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[B]``: the slot of position ``positions[b]`` of each row of ``block_table [B, blocks]``."""
-    blocks = block_table.gather(1, (positions // block_size)[:, None])[:, 0].long()
-    return blocks * block_size + positions % block_size
-
-
 def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of whole blocks ``block_ids [R, n]`` (int64) in position order: each ``[R, heads, n *
     block_size, head_size]`` (one block copy, then one transposing copy each)."""

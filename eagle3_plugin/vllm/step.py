@@ -18,7 +18,7 @@ from ..proposed_trees import ProposedTrees
 from ..sampler import SamplingParams, Verdict, verify_tree_rows
 from ..speculator import DraftEntries, DraftRows
 from ..tree import DraftTree
-from .paged_kv import block_slots, position_slots
+from .paged_kv import block_slots
 from .tree_attention import TreeAttention
 
 
@@ -176,13 +176,14 @@ def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Te
     return DraftRows(slots, step.base, entries, tokens, features, src)
 
 
-def draft_entries(step: Step, runner, features: torch.Tensor, block_table: torch.Tensor,
-                  block_size: int) -> DraftEntries:
-    """:func:`draft_rows`' entries, flat, for a step that grows no tree; a decode step's (one entry per row) read
-    straight from the block table, without the rows' slot tables."""
+def draft_entries(step: Step, runner, features: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                  slot_mapping: torch.Tensor) -> DraftEntries:
+    """:func:`draft_rows`' entries, flat, for a step that grows no tree. A decode step's (one entry per row) slots are
+    the step's own: ``slot_mapping``, vLLM's slot of each of the step's tokens in the draft's KV group, at each row's
+    token (the entry's position is that token's), without the rows' slot tables."""
     if not step.one_entry_per_row:
         return draft_rows(step, runner, features, block_table, block_size).entries()
-    return DraftEntries(position_slots(block_table, step.base, block_size), step.base, _last_tokens(step, runner),
+    return DraftEntries(slot_mapping.index_select(0, step.flat_start).long(), step.base, _last_tokens(step, runner),
                         features.index_select(0, step.flat_start))
 
 

@@ -219,7 +219,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         captured = (step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
                     table.block_size)
         if shape == NONE:
-            self.speculator.store(self._draft_kv, draft_entries(*captured))
+            self.speculator.store(self._draft_kv, draft_entries(*captured, table.slot_mapping.cpu))
             tree = None
         else:
             params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)

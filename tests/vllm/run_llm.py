@@ -8,7 +8,9 @@ process). Arguments: one JSON object on standard input (see ``main``). ``prompts
 batch of ``batches`` may be ``{"prompts": [...], "sampling": [...]}`` to carry its own.
 ``shape_cycle``: our worker's tree shapes forced step by step, cycling through this list (each ``"tree"`` or
 ``"none"``) in place of its budget's choice; ``defer_steps``: the speculator's ``DEFER_STEPS`` (1: steps without a
-tree store their entries at once). With either, the engine runs in this process, where the overrides apply.
+tree store their entries at once); ``check_entries``: every step that drafts nothing checks its draft entries (read
+off vLLM's slot mapping) against the general path's (each row's slot table), and stops the engine if they differ.
+With any of these, the engine runs in this process, where the overrides apply.
 ``count_draft_requests``: the engine runs in this process and the result counts the engine core's requests for
 draft tokens (``take_draft_token_ids``, a round trip to the worker's process when it has one).
 """
@@ -44,6 +46,23 @@ def force_shapes(cycle: list) -> None:
     budget.TreeBudget.shape = shape
 
 
+def check_entries() -> None:
+    """Make our worker check every step's flat draft entries against :func:`draft_rows`' (see the docstring)."""
+    import torch
+    from eagle3_plugin.vllm import step, tree_runner
+    fast = tree_runner.draft_entries
+
+    def checked(s, runner, features, block_table, block_size, slot_mapping):
+        got = fast(s, runner, features, block_table, block_size, slot_mapping)
+        want = step.draft_rows(s, runner, features, block_table, block_size).entries()
+        for name in ("slots", "positions", "tokens", "features"):
+            if not torch.equal(getattr(got, name), getattr(want, name)):
+                raise AssertionError(f"a step's flat draft entries differ from its rows' entries ({name})")
+        return got
+
+    tree_runner.draft_entries = checked
+
+
 def count_draft_requests(llm) -> list:
     """Count the engine core's ``take_draft_token_ids`` calls to its executor (an in-process engine), in a list of
     one, which the caller may reset."""
@@ -61,8 +80,11 @@ def count_draft_requests(llm) -> list:
 def main() -> None:
     spec = json.load(sys.stdin)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if spec.get("shape_cycle") or spec.get("defer_steps") or spec.get("count_draft_requests"):
+    in_process = ("shape_cycle", "defer_steps", "check_entries", "count_draft_requests")
+    if any(spec.get(name) for name in in_process):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if spec.get("check_entries"):
+            check_entries()
         if spec.get("shape_cycle"):
             force_shapes(spec["shape_cycle"])
         if spec.get("defer_steps"):

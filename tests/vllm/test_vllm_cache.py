@@ -10,7 +10,8 @@
 - The same when two steps of every three draft nothing (as the auto budget does under load): those steps defer
   their draft entries until the next tree or until a block changes owner. Greedy outputs stay identical, and the
   trees accept exactly what they accept when every such step stores its entries at once (a deferred entry lost or
-  written to another request's slot would change what later trees accept).
+  written to another request's slot would change what later trees accept); and every such step's entries, their slots
+  read off vLLM's slot mapping, are the ones each row's slot table gives.
 """
 
 import pytest
@@ -87,7 +88,7 @@ def test_preemption_keeps_outputs_and_acceptance(tokenizer):
 def test_preemption_with_steps_that_draft_nothing(tokenizer):
     prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
     cycle = ["tree", "none", "none"]
-    deferred = preempted_run(prompts, TREE, shape_cycle=cycle)
+    deferred = preempted_run(prompts, TREE, shape_cycle=cycle, check_entries=True)
     at_once = preempted_run(prompts, TREE, shape_cycle=cycle, defer_steps=1)
     for key in SPEC_KEYS:
         assert deferred[key] == at_once[key], key

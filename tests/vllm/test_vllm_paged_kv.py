@@ -39,5 +39,3 @@ def test_move_slots_moves_keys_and_values():
 def test_block_table_slots():
     row = torch.tensor([5, 2, 9])
     assert paged_kv.block_slots(row[None], 66, 32)[0, [0, 31, 32, 65]].tolist() == [160, 191, 64, 289]
-    positions = torch.tensor([0, 31, 32, 65])
-    assert paged_kv.position_slots(row.expand(4, -1), positions, 32).tolist() == [160, 191, 64, 289]

@@ -1,5 +1,6 @@
-"""A step that drafts nothing hands the speculator flat entries read straight from the block table: the same entries
-the general path (every row's slot table, :func:`draft_rows`) gives, for decodes and one-token prompt chunks."""
+"""A step that drafts nothing hands the speculator flat entries with the slots of vLLM's slot mapping for the step: the
+same entries the general path (every row's slot table, :func:`draft_rows`) gives, for decodes and one-token prompt
+chunks. (``tests/vllm/test_vllm_cache.py`` checks the same in a real engine, step by step.)"""
 
 from types import SimpleNamespace
 
@@ -24,8 +25,9 @@ def test_a_decode_steps_entries_are_its_rows_entries():
     runner = SimpleNamespace(input_ids=SimpleNamespace(cpu=torch.randint(3, 100, (b,), generator=g)),
                              input_batch=SimpleNamespace(token_ids_cpu=token_ids))
     features = torch.randn(b, 12, generator=g)
+    slot_mapping = block_table[torch.arange(b), base // block_size].long() * block_size + base % block_size  # vLLM's
 
-    fast = draft_entries(step, runner, features, block_table, block_size)
+    fast = draft_entries(step, runner, features, block_table, block_size, slot_mapping)
     general = draft_rows(step, runner, features, block_table, block_size).entries()
     for name in ("slots", "positions", "tokens", "features"):
         assert torch.equal(getattr(fast, name), getattr(general, name)), name
