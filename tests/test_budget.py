@@ -410,6 +410,30 @@ def test_a_shape_costs_at_least_what_a_shape_verifying_fewer_tokens_costs_at_the
     assert tree not in [budget.shape(16) for _ in range(PROBE_STEPS)]
 
 
+def test_a_rival_whose_acceptance_mean_started_afresh_still_rules_a_probe_out():
+    """As above, the tree cannot win at 16 against the chain; but the chain was not drafted for a while (no
+    speculation chosen) and its acceptance mean started afresh, 8 rounds old: too young to choose the chain on (it is
+    probed), still the best estimate of what it does. Judged against no speculation alone, the tree would win on paper
+    and be probed (stop 40's run M: 5 tree steps at 14 requests, 5 at 16)."""
+    tree, chain = TreeBudget(CONFIG).shapes[:2]
+    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})
+    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
+                          NONE: fitted(0.003, 0.0003)}
+    seed_acceptance(budget, tree=3, chain=2)
+    budget.current = NONE
+    budget.steps = PROBE_EVERY
+    budget.last_run = {s: budget.steps for s in budget.shapes}
+    budget.last_run[tree] = 0
+    budget.last_observed = {s: budget.steps for s in budget.shapes}
+    budget.accepted[chain] = RoundMean()
+    budget.accepted[chain].observe(torch.full((8,), 2.0), budget.steps)
+    assert budget.accepted[chain].rounds < MIN_ROUNDS
+    assert budget.tokens_per_second(tree, 16, verify_seconds=budget.verify_seconds(chain, 16)) > \
+        budget.tokens_per_second(NONE, 16)  # against no speculation alone the tree would be probed
+    assert budget.would_lose(tree, 16)
+    assert [budget.shape(16) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS  # the chain's mean is refreshed
+
+
 def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_shape_cannot_win():
     """Stop 38's run G: a probe of the tree began at one request, where it may win, and its acceptance mean had
     started afresh; the batch of one ended and 16 requests came before the mean held MIN_ROUNDS rounds, so the tree
