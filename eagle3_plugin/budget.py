@@ -164,7 +164,11 @@ class TreeBudget:
         it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape that loses at
         this batch by less than its cost grows from half the batch. The bounds from a larger batch decide the first
         steps of a load that drained into a new bucket (run I, and a closed batch of 32: at 28 to 13 requests, the
-        tree first in line as no shape's cost covered them, probed at 5 times a plain step's cost)."""
+        tree first in line as no shape's cost covered them, probed at 5 times a plain step's cost). A rival verifying
+        fewer tokens than ``s``, measured near no load like this one lately (a long spell at one request forgets what
+        every line saw at 32), counts at its estimate: a probe of ``s`` costs more a step than the rival's steps, and
+        pays only if ``s`` could beat what the rival is expected to do (stop 40's run N: the tree probed at the first
+        steps of a cell of 16 and of 32 after cells at one request, 5 steps each at 3 to 5 plain ones)."""
         floor = self.verify_cost[s].floor(batch, below)
         floor = None if floor is None else self.drift(s, batch) * floor
         smaller = [self.verify_seconds(o, batch) for o in self.shapes if o.total_tokens < s.total_tokens
@@ -177,6 +181,8 @@ class TreeBudget:
                 rivals.append(self.tokens_per_second(o, batch))
             elif (ceiling := self.verify_cost[o].ceiling(batch)) is not None:
                 rivals.append(self.tokens_per_second(o, batch, verify_seconds=self.drift(o, batch) * ceiling))
+            elif o.total_tokens < s.total_tokens:  # measured near no load like this one lately: its estimate
+                rivals.append(self.tokens_per_second(o, batch))
         if floor is None or self.expected_accepted(s) is None or not rivals:
             return False
         return self.tokens_per_second(s, batch, verify_seconds=floor) < max(rivals)

@@ -434,6 +434,29 @@ def test_a_rival_whose_acceptance_mean_started_afresh_still_rules_a_probe_out():
     assert [budget.shape(16) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS  # the chain's mean is refreshed
 
 
+def test_after_a_long_spell_at_one_request_the_tree_is_not_probed_where_smaller_shapes_are_expected_to_win():
+    """Every shape measured at 1 to 32 requests, then 60 steps at one request: no line covers 32 any more (their
+    observations there have faded), and the tree's floor is what it costs at one request. Against no rival it would be
+    probed first in line at the first steps of 32 (stop 40's run N, at 16 and at 32 after cells at one request); the
+    chain and no speculation, verifying fewer tokens, are expected to beat it even at that floor, so it is not."""
+    tree, chain = TreeBudget(CONFIG).shapes[:2]
+    budget = TreeBudget(CONFIG, {tree: Line(0.003, 0.0008), chain: Line(0.002, 0.00027), NONE: Line(0.0)})
+    budget.verify_cost = {tree: fitted(0.009, 0.0019), chain: fitted(0.004, 0.0004), NONE: fitted(0.003, 0.00012)}
+    for line in budget.verify_cost.values():
+        for _ in range(60):
+            line.observe(1, line(1))
+    assert not any(line.covers(32) for line in budget.verify_cost.values())
+    seed_acceptance(budget, tree=2.5, chain=1.9)
+    budget.current = chain
+    budget.steps = 1000
+    budget.last_run = {s: budget.steps for s in budget.shapes}
+    budget.last_observed = {s: budget.steps for s in budget.shapes}
+    floor = budget.verify_cost[tree].floor(32)
+    assert budget.tokens_per_second(tree, 32, verify_seconds=floor) < budget.tokens_per_second(NONE, 32)
+    assert budget.would_lose(tree, 32) and not budget.would_lose(chain, 32)
+    assert tree not in [budget.shape(32) for _ in range(3 * PROBE_STEPS)]
+
+
 def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_shape_cannot_win():
     """Stop 38's run G: a probe of the tree began at one request, where it may win, and its acceptance mean had
     started afresh; the batch of one ended and 16 requests came before the mean held MIN_ROUNDS rounds, so the tree
