@@ -12,6 +12,7 @@ from eagle3_plugin.budget import (LOG_ENV, LOG_EVERY, MARGIN, MIN_ROUNDS, NONE, 
 from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
+from eagle3_plugin.speculator import TreeShape
 from eagle3_plugin.tree import DraftTree
 
 CONFIG = Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="auto")
@@ -388,20 +389,29 @@ def test_a_batch_drained_into_a_new_bucket_does_not_probe_a_shape_that_loses_eve
     assert [budget.shape(24) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
 
 
+def tree_measured_at_one_request(current_is_chain: bool = True) -> tuple[TreeBudget, TreeShape, TreeShape]:
+    """A budget at step :data:`PROBE_EVERY` with every shape run lately: the tree's cost measured at one request alone
+    (9 ms a step), the chain's (4 ms + 0.5 a request) and no speculation's (3 + 0.3) at 1 to 32; drafting 8, 2 and 0
+    ms at any batch; acceptance seeded (tree 3, chain 2); the chain chosen, or no speculation. Returns it, the tree
+    and the chain."""
+    tree, chain = TreeBudget(CONFIG).shapes[:2]
+    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})
+    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
+                          NONE: fitted(0.003, 0.0003)}
+    seed_acceptance(budget, tree=3, chain=2)
+    budget.current = chain if current_is_chain else NONE
+    budget.steps = PROBE_EVERY
+    budget.last_run = {s: budget.steps for s in budget.shapes}
+    return budget, tree, chain
+
+
 def test_a_shape_costs_at_least_what_a_shape_verifying_fewer_tokens_costs_at_the_same_batch():
     """The tree was last measured at one request (9 ms a step) and its line says nothing of 16; the chain runs at 16
     (12 ms). The tree verifies 5 tokens a request against the chain's 4, so it costs at least 12 ms there, and with its
     draft it cannot win: not probed (stop 38's run F: a tree probe at 15-16 in every round, each step ~3 chain steps).
     A cost not observed lately is no such bound: it may be stale."""
-    tree, chain = TreeBudget(CONFIG).shapes[:2]
-    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})  # drafting, any batch
-    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
-                          NONE: fitted(0.003, 0.0003)}
-    seed_acceptance(budget, tree=3, chain=2)
-    budget.current = chain
-    budget.steps = PROBE_EVERY  # the tree's last probe long ago, every other shape run lately
-    budget.last_run = {s: budget.steps for s in budget.shapes}
-    budget.last_run[tree] = 0
+    budget, tree, chain = tree_measured_at_one_request()
+    budget.last_run[tree] = 0  # the tree's last probe long ago
     assert budget.verify_cost[tree].floor(16) == pytest.approx(0.009)  # alone, its floor would let it win
     assert budget.tokens_per_second(tree, 16, verify_seconds=0.009) > budget.tokens_per_second(chain, 16)
     assert not budget.would_lose(tree, 16)  # the chain's cost was not observed lately
@@ -415,14 +425,7 @@ def test_a_rival_whose_acceptance_mean_started_afresh_still_rules_a_probe_out():
     speculation chosen) and its acceptance mean started afresh, 8 rounds old: too young to choose the chain on (it is
     probed), still the best estimate of what it does. Judged against no speculation alone, the tree would win on paper
     and be probed (stop 40's run M: 5 tree steps at 14 requests, 5 at 16)."""
-    tree, chain = TreeBudget(CONFIG).shapes[:2]
-    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})
-    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
-                          NONE: fitted(0.003, 0.0003)}
-    seed_acceptance(budget, tree=3, chain=2)
-    budget.current = NONE
-    budget.steps = PROBE_EVERY
-    budget.last_run = {s: budget.steps for s in budget.shapes}
+    budget, tree, chain = tree_measured_at_one_request(current_is_chain=False)
     budget.last_run[tree] = 0
     budget.last_observed = {s: budget.steps for s in budget.shapes}
     budget.accepted[chain] = RoundMean()
@@ -462,14 +465,7 @@ def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_sha
     started afresh; the batch of one ended and 16 requests came before the mean held MIN_ROUNDS rounds, so the tree
     was drafted at 16 (5 steps at ~3 chain steps each). A probe carried to more than twice the load it began at ends
     there when the shape would lose even at half that load; at its own load it goes on."""
-    tree, chain = TreeBudget(CONFIG).shapes[:2]
-    budget = TreeBudget(CONFIG, {tree: Line(0.008), chain: Line(0.002), NONE: Line(0.0)})
-    budget.verify_cost = {tree: fitted(0.009, 0.0, batches=(1,)), chain: fitted(0.004, 0.0005),
-                          NONE: fitted(0.003, 0.0003)}
-    seed_acceptance(budget, tree=3, chain=2)
-    budget.current = chain
-    budget.steps = PROBE_EVERY
-    budget.last_run = {s: budget.steps for s in budget.shapes}
+    budget, tree, chain = tree_measured_at_one_request()
     budget.last_observed = {s: budget.steps for s in budget.shapes}
     budget.accepted[tree] = RoundMean()
     budget.accepted[tree].observe(torch.full((4,), 3.0), budget.steps)  # a fresh mean, 4 rounds: not measured
