@@ -175,8 +175,12 @@ class TreeBudget:
                    and self.verify_cost[o].covers(batch) and self.steps - self.last_observed[o] <= STALE_STEPS]
         if smaller:  # a tree's own floor from batch 1 says little at 16: it verifies 16 times the tokens there
             floor = max([floor or 0.0] + smaller)
+        # A rival: another shape with a measured cost and an acceptance mean, however young. A mean started afresh (its
+        # shape not drafted for a while) is too young to choose the shape on, but the best estimate there is of what
+        # it would do (run M, stop 40: the chain's mean restarted after 50 steps drafting nothing, the chain was no
+        # rival, and the tree was probed at 14 and 16 requests against no speculation alone).
         rivals = []
-        for o in (o for o in self.shapes if o != s and self._rival(o)):
+        for o in (o for o in self.shapes if o != s and self._measured(o, min_rounds=1)):
             if self.verify_cost[o].covers(batch):
                 rivals.append(self.tokens_per_second(o, batch))
             elif (ceiling := self.verify_cost[o].ceiling(batch)) is not None:
@@ -187,18 +191,10 @@ class TreeBudget:
             return False
         return self.tokens_per_second(s, batch, verify_seconds=floor) < max(rivals)
 
-    def _rival(self, s: TreeShape) -> bool:
-        """Whether :meth:`would_lose` weighs ``s`` against another shape: its cost measured (:data:`MIN_OBSERVATIONS`
-        steps) and its acceptance a mean, however young. A mean started afresh (its shape not drafted for a while) is
-        too young to choose the shape on, but the best estimate there is of what it would do: run M (stop 40) had the
-        chain's mean restart after 50 steps drafting nothing, the chain no rival, and the tree probed at 14 and 16
-        requests against no speculation alone, 10 steps at ~3 chain steps each."""
-        return self.verify_cost[s].observations >= MIN_OBSERVATIONS and (s == NONE or self.accepted[s].rounds > 0)
-
-    def _measured(self, s: TreeShape) -> bool:
+    def _measured(self, s: TreeShape, min_rounds: int = MIN_ROUNDS) -> bool:
         """Whether ``s`` has enough measurements to be judged on: :data:`MIN_OBSERVATIONS` step costs, and (but for
-        no speculation) :data:`MIN_ROUNDS` request-rounds of acceptance."""
-        enough_rounds = s == NONE or self.accepted[s].rounds >= MIN_ROUNDS
+        no speculation) ``min_rounds`` request-rounds of acceptance."""
+        enough_rounds = s == NONE or self.accepted[s].rounds >= min_rounds
         return self.verify_cost[s].observations >= MIN_OBSERVATIONS and enough_rounds
 
     def best(self, batch: int) -> TreeShape:
