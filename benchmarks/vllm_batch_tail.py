@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bundled_args import bundled_parser
+from bundled_args import bundled_parser, bundled_prompts, vllm_engine
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # both engines' steps in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -49,22 +49,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     a = p.parse_args(argv)
 
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagle3_plugin.config import Eagle3Config
-    from eagle3_plugin.datafiles import encode_prompt, read_prompts
 
-    tok = AutoTokenizer.from_pretrained(a.target)
-    prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(a.prompts)]
+    prompts = bundled_prompts(a)
     chain = Eagle3Config.chain(a.depth, draft=os.path.abspath(a.draft), budget="fixed").to_dict()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
     engines = {}
     for name, spec in (("no speculation", None), (f"our chain {a.depth}", chain)):
-        print(f"[{name}] starting the engine ...", file=sys.stderr)
-        engines[name] = LLM(model=a.target, dtype="float32", max_model_len=2048, enforce_eager=True,
-                            **({"speculative_config": spec} if spec else {})).llm_engine
+        engines[name] = vllm_engine(name, a.target, spec).llm_engine
     names = list(engines)
     full, tail, total = ({n: Phase() for n in names} for _ in range(3))
     same = True

@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from bundled_args import bundled_parser
+from bundled_args import bundled_parser, bundled_prompts, vllm_engine
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engines' runners in this process, reachable by collective_rpc
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -56,22 +56,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     a = p.parse_args(argv)
 
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagle3_plugin.config import Eagle3Config
-    from eagle3_plugin.datafiles import encode_prompt, read_prompts
 
-    tok = AutoTokenizer.from_pretrained(a.target)
-    prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(a.prompts)]
+    prompts = bundled_prompts(a)
     ours = Eagle3Config.load(a.draft).to_dict()  # the bundled tree, budget "auto" (the default)
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
     llms = {}
     for name, spec in ((NONE_ENGINE, None), (AUTO, ours), (NOTHING, ours)):
-        print(f"[{name}] starting the engine ...", file=sys.stderr)
-        llms[name] = LLM(model=a.target, dtype="float32", max_model_len=2048, enforce_eager=True,
-                         **({"speculative_config": spec} if spec else {}))
+        llms[name] = vllm_engine(name, a.target, spec)
     llms[AUTO].collective_rpc(trace_shapes)
     llms[NOTHING].collective_rpc(draft_nothing)
     names = list(llms)

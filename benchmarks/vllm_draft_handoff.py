@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from bundled_args import bundled_parser
+from bundled_args import bundled_parser, bundled_prompts, vllm_engine
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our functions
@@ -54,21 +54,16 @@ def main(argv=None) -> int:
         os.environ["EAGLE3_BENCH_DRAFT_NOTHING"] = "1"
         draft_nothing()  # forked engine processes inherit it
 
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagle3_plugin.config import Eagle3Config
-    from eagle3_plugin.datafiles import encode_prompt, read_prompts
 
-    tok = AutoTokenizer.from_pretrained(a.target)
-    prompts = [TokensPrompt(prompt_token_ids=encode_prompt(tok, r.prompt))
-               for r in read_prompts(a.prompts)[:a.batch]]
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in bundled_prompts(a, a.batch)]
     config = Eagle3Config.load(a.draft)  # the draft's own tree, or the chain of its depth
     if a.shape == "chain":
         config = Eagle3Config.chain(config.depth, draft=a.draft, budget="fixed")
-    llm = LLM(model=a.target, dtype="float32", max_model_len=2048, enforce_eager=True,
-              speculative_config=config.to_dict())
+    llm = vllm_engine(f"ours, {a.shape}", a.target, config.to_dict())
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
     speeds = {"handoff": [], "round trip": []}

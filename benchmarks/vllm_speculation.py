@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from bundled_args import bundled_parser
+from bundled_args import bundled_parser, bundled_prompts, vllm_engine
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
@@ -40,16 +40,13 @@ def main(argv=None) -> int:
     p.add_argument("--tree", default="8,32", help="TOPK,TOTAL of our tree")
     a = p.parse_args(argv)
 
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagle3_plugin.config import Eagle3Config
-    from eagle3_plugin.datafiles import encode_prompt, read_prompts
     from eagle3_plugin.vllm.tree_runner import read_timings
 
-    tok = AutoTokenizer.from_pretrained(a.target)
-    prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(a.prompts)[:a.max_prompts]]
+    prompts = bundled_prompts(a, a.max_prompts)
     batches = [int(b) for b in a.batches.split(",")]
     top_k, total = (int(x) for x in a.tree.split(","))
     draft = os.path.abspath(a.draft)
@@ -64,9 +61,7 @@ def main(argv=None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
     llms = {}
     for name, spec in engines.items():  # every engine up at once: their cells are measured in turn
-        print(f"[{name}] starting the engine ...", file=sys.stderr)
-        llms[name] = LLM(model=a.target, dtype="float32", max_model_len=2048, enforce_eager=True,
-                         disable_log_stats=False, **({"speculative_config": spec} if spec else {}))
+        llms[name] = vllm_engine(name, a.target, spec, disable_log_stats=False)
         llms[name].generate([TokensPrompt(prompt_token_ids=q) for q in prompts[:max(batches)]], params,
                             use_tqdm=False)
     names = list(engines)

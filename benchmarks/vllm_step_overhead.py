@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from bundled_args import bundled_parser
+from bundled_args import bundled_parser, bundled_prompts, vllm_engine
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # both engines' steps in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -34,24 +34,19 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=8)
     a = p.parse_args(argv)
 
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from eagle3_plugin import budget
     from eagle3_plugin.config import Eagle3Config
-    from eagle3_plugin.datafiles import encode_prompt, read_prompts
 
     budget.TreeBudget.shape = lambda self, batch, seeded=False: budget.NONE
-    tok = AutoTokenizer.from_pretrained(a.target)
-    prompts = [encode_prompt(tok, r.prompt) for r in read_prompts(a.prompts)[:a.batch]]
+    prompts = bundled_prompts(a, a.batch)
     ours = Eagle3Config.load(a.draft).to_dict()  # the draft's own tree: vLLM schedules look-ahead slots for it
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
     engines = {}
     for name, spec in (("no speculation", None), ("ours, drafting nothing", ours)):
-        print(f"[{name}] starting the engine ...", file=sys.stderr)
-        engines[name] = LLM(model=a.target, dtype="float32", max_model_len=2048, enforce_eager=True,
-                            **({"speculative_config": spec} if spec else {})).llm_engine
+        engines[name] = vllm_engine(name, a.target, spec).llm_engine
     names = list(engines)
     seconds = {n: 0.0 for n in names}
     steps = {n: 0 for n in names}
