@@ -9,6 +9,7 @@ environment, e.g. a test or bench process whose own interpreter has no SGLang).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -16,19 +17,44 @@ from dataclasses import dataclass
 
 from ..server_process import ServerProcess, free_port
 
+WARMUP_GAVE_UP = "Initialization failed. warmup error"  # SGLang's log line before it kills itself
+
 
 class SGLangServer(ServerProcess):
     """Context manager: ``python -m sglang.launch_server --model-path MODEL --host 127.0.0.1 --port P
     *extra_args``, started and stopped as :class:`~eagle3_plugin.server_process.ServerProcess` does. ``python``:
-    SGLang's interpreter (default: this one); ``env``: the server's environment (default: this process's)."""
+    SGLang's interpreter (default: this one); ``env``: the server's environment (default: this process's).
+
+    SGLang's own warm-up gives its HTTP server 120 s to answer, then kills the server (``http_server.py``,
+    ``_execute_server_warmup``): a start-up slowed by other work on the machine dies that way with nothing wrong.
+    That one failure is retried once, on a new port (the first attempt's log kept beside, as ``LOG.1``)."""
 
     def __init__(self, model: str, extra_args=(), log_path: str = "sglang_server.log", port=None,
                  start_timeout: float = 900, stop_timeout: float = 60, python=None, env=None):
+        self._launch = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model,
+                        "--host", "127.0.0.1"]
+        self._extra_args = list(extra_args)
         port = port or free_port()
-        command = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model,
-                   "--host", "127.0.0.1", "--port", str(port), *extra_args]
-        super().__init__(command, port, log_path, env=env, start_timeout=start_timeout, stop_timeout=stop_timeout,
-                         name="SGLang server")
+        super().__init__(self._command(port), port, log_path, env=env, start_timeout=start_timeout,
+                         stop_timeout=stop_timeout, name="SGLang server")
+
+    def _command(self, port: int) -> list[str]:
+        return [*self._launch, "--port", str(port), *self._extra_args]
+
+    def __enter__(self):
+        try:
+            return super().__enter__()
+        except RuntimeError:
+            if not self._warmup_gave_up():
+                raise
+        os.replace(self.log_path, self.log_path + ".1")
+        self.port = free_port()
+        self.command, self.url = self._command(self.port), f"http://127.0.0.1:{self.port}"
+        return super().__enter__()
+
+    def _warmup_gave_up(self) -> bool:
+        with open(self.log_path, errors="replace") as log:
+            return WARMUP_GAVE_UP in log.read()
 
     def generate(self, input_ids, sampling_params: dict, timeout: float = 600):
         """POST /generate with token ids (one list, or a list of lists for a batch); returns the response(s):
