@@ -110,6 +110,7 @@ class TreeBudget:
         self.last_verified: Optional[TreeShape] = None  # the shape the last recorded step verified
         self.steps = 0
         self.log = BudgetLog.from_env() if self.auto else None
+        self._memo: Optional[dict] = None  # during one choice: estimates read more than once (nothing changes then)
 
     @classmethod
     def for_speculator(cls, speculator: Speculator, dtype, device) -> "TreeBudget":
@@ -125,7 +126,11 @@ class TreeBudget:
         """The shape to draft for ``batch`` requests this step. A batch with a seeded request gets the configured
         tree: a seeded request repeats its output only when its rounds always draft the same shape."""
         self.steps += 1
-        shape = self._choose(batch, seeded)
+        self._memo = {}
+        try:
+            shape = self._choose(batch, seeded)
+        finally:
+            self._memo = None
         if self.log is not None:
             self.log.write(self, batch, shape)
         return shape
@@ -225,7 +230,8 @@ class TreeBudget:
         """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
         instead of its fitted line (a bound, :meth:`would_lose`)."""
         if verify_seconds is None:
-            verify_seconds = self.verify_seconds(s, batch)
+            return self._memoized(("tokens_per_second", s, batch),
+                                  lambda: self.tokens_per_second(s, batch, self.verify_seconds(s, batch)))
         seconds = verify_seconds + self.draft_seconds(s, batch)
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
 
@@ -266,12 +272,24 @@ class TreeBudget:
         of percent within minutes). An earlier budget kept costs divided by one slowdown that the chosen shape's steps
         moved, while the same steps moved that shape's own line: only their product was measured, and under noise
         their split ratcheted (median 4.7x in 3,000 simulated steps), inflating every other shape's estimate."""
+        return self._memoized(("drift", s, batch), lambda: self._drift(s, batch))
+
+    def _drift(self, s: TreeShape, batch: int) -> float:
         reference = self.reference
         then = self.lines_when_seen[s].get(reference)
         now = self.verify_cost[reference]
         if s == reference or then is None or not (then.covers(batch) and now.covers(batch)) or then(batch) <= 0:
             return 1.0
         return min(max(now(batch) / then(batch), 1 / MAX_DRIFT), MAX_DRIFT)
+
+    def _memoized(self, key: tuple, compute):
+        """``compute()``, computed once per :meth:`shape` call (which reads each estimate several times); always
+        computed afresh elsewhere."""
+        if self._memo is None:
+            return compute()
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def _hand_over(self, chosen: TreeShape, batch: int) -> dict:
         """Make ``chosen``, observed for the first time since it was chosen, the :attr:`reference`; returns each other
