@@ -57,6 +57,12 @@ class TreeShape:
     top_k: int
     total_tokens: int
 
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.depth, self.top_k, self.total_tokens)))
+
+    def __hash__(self) -> int:  # computed once: the budget keys its estimates by shape, ~100 lookups a step
+        return self._hash
+
     @classmethod
     def of(cls, config: Eagle3Config) -> "TreeShape":
         return cls(config.depth, config.top_k, config.total_tokens)
