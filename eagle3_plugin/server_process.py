@@ -32,8 +32,11 @@ class ServerProcess:
                  stop_timeout: float = 60, name: str = "server"):
         self.command, self.port, self.log_path, self.env = command, port, log_path, env
         self.start_timeout, self.stop_timeout, self.name = start_timeout, stop_timeout, name
-        self.url = f"http://127.0.0.1:{port}"
         self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
         with open(self.log_path, "w") as log:

@@ -49,7 +49,7 @@ class SGLangServer(ServerProcess):
                 raise
         os.replace(self.log_path, self.log_path + ".1")
         self.port = free_port()
-        self.command, self.url = self._command(self.port), f"http://127.0.0.1:{self.port}"
+        self.command = self._command(self.port)
         return super().__enter__()
 
     def _warmup_gave_up(self) -> bool:
