@@ -77,12 +77,14 @@ def main(argv=None) -> int:
         copy_s = time.perf_counter() - start
         setup = "from eagle3_plugin.convert import convert"
         _, import_rss = child_peak_rss(setup, "pass")
-        convert_s, convert_rss = child_peak_rss(setup, f"convert({src!r}, 'speculators', {os.path.join(work, 'out')!r})")
+        out = os.path.join(work, "out")
+        convert_s, convert_rss = child_peak_rss(setup, f"convert({src!r}, 'speculators', {out!r})")
         gb = 1e9
         print(f"## eagle3 convert on a synthetic {total / gb:.2f} GB draft (Llama-3.1-8B head shape, float32)\n")
         print("| | seconds | GB/s |")
         print("|---|---:|---:|")
-        print(f"| plain copy in the kernel (shutil.copyfile) | {kernel_copy_s:.2f} | {total / gb / kernel_copy_s:.2f} |")
+        print(f"| plain copy in the kernel (shutil.copyfile) | {kernel_copy_s:.2f} | "
+              f"{total / gb / kernel_copy_s:.2f} |")
         print(f"| plain copy through user space (read + write) | {copy_s:.2f} | {total / gb / copy_s:.2f} |")
         print(f"| eagle3 convert ours -> speculators | {convert_s:.2f} | {total / gb / convert_s:.2f} |")
         print(f"\nconvert / user-space copy time: {convert_s / copy_s:.2f}x (convert reads every tensor, checks it for "

@@ -1,6 +1,7 @@
 """SGLang (real server, this CPU with tests/sglang_support), one run, same prompts and machine.
 
-    .venv-sglang/bin/python benchmarks/sglang_speculation.py [--max-prompts N] [--max-new-tokens N] [--concurrency 1,4,16]
+    .venv-sglang/bin/python benchmarks/sglang_speculation.py [--max-prompts N] [--max-new-tokens N] \
+        [--concurrency 1,4,16]
 
 1. Greedy, with 1, 4, 16 requests in flight (a thread per request slot, each server started once): tokens/s of no
    speculation, stock EAGLE-3 (tree 5/8/32, draft converted to SGLang's layout, eagle3-plugin left out),

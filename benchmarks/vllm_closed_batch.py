@@ -44,9 +44,8 @@ def draft_nothing(worker) -> None:
 
 
 def take_trace(worker) -> list:
-    from eagle3_plugin.budget import _name
     trace, worker.model_runner.shape_trace = worker.model_runner.shape_trace, []
-    return [(batch, _name(shape)) for batch, shape in trace]
+    return [(batch, shape.label) for batch, shape in trace]
 
 
 def main(argv=None) -> int:

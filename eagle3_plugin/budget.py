@@ -53,19 +53,18 @@ next run at (its last probe there may have hit a slow spell the drift did not se
 there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
-(:class:`BudgetLog`).
+(:class:`~eagle3_plugin.budget_log.BudgetLog`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Optional
 
 import torch
 
 from .budget_estimates import (MIN_OBSERVATIONS, OUTLIER, STALE_STEPS, ChainDepths, Line, RoundMean,
                                measure_draft_costs)
+from .budget_log import BudgetLog
 from .config import Eagle3Config
 from .sampler import Verdict
 from .speculator import Speculator, TreeShape
@@ -78,8 +77,6 @@ PROBE_EVERY_MAX = 3200
 PROBE_STEPS = 5  # steps a probe drafts its shape: its first verified step and the step back are not read (see record)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
-LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there (BudgetLog)
-LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
 MAX_DRIFT = OUTLIER ** 2  # the most the machine is read to have slowed down (or sped up) since a shape last ran
 
 
@@ -160,30 +157,28 @@ class TreeBudget:
         return best
 
     def would_lose(self, s: TreeShape, batch: int, below: bool = False) -> bool:
-        """Whether ``s`` would lose at ``batch`` even if its step cost only the larger of its :meth:`Line.floor` there
-        (from what it was measured to cost at a smaller batch, or at a larger one scaled down by the load; ``below``:
-        at half as many requests or fewer) and what a shape verifying fewer tokens a request costs at this one, observed
-        lately (more tokens never cost less), while each rival costs its estimate, or where its cost was not measured
-        at this batch, its :meth:`Line.ceiling` (what it cost at a larger one): then a probe at this batch cannot
-        change the choice, and is not paid for (a tree step at 16 to 32 requests costs 3 to 6 plain ones). False when
-        it cannot tell. A shape's periodic probe asks it with ``below``, so it still refreshes a shape that loses at
-        this batch by less than its cost grows from half the batch. The bounds from a larger batch decide the first
-        steps of a load that drained into a new bucket (run I, and a closed batch of 32: at 28 to 13 requests, the
-        tree first in line as no shape's cost covered them, probed at 5 times a plain step's cost). A rival verifying
-        fewer tokens than ``s``, measured near no load like this one lately (a long spell at one request forgets what
-        every line saw at 32), counts at its estimate: a probe of ``s`` costs more a step than the rival's steps, and
-        pays only if ``s`` could beat what the rival is expected to do (stop 40's run N: the tree probed at the first
-        steps of a cell of 16 and of 32 after cells at one request, 5 steps each at 3 to 5 plain ones)."""
+        """Whether a probe of ``s`` at ``batch`` could not change the choice, so is not worth paying for (a tree step
+        at 16 to 32 requests costs 3 to 6 plain ones): ``s`` loses even at its lowest plausible cost there while each
+        rival costs its estimate. False when it cannot tell.
+
+        - ``s``'s lowest cost: the larger of its :meth:`Line.floor` (from a smaller batch, or a larger one scaled
+          down by the load; ``below``: from half as many requests or fewer, so a periodic probe still refreshes a
+          shape that loses by less than its cost grows from half the batch) and what a shape verifying fewer tokens
+          costs at this batch, observed lately (more tokens never cost less).
+        - A rival: another shape with a measured cost and an acceptance mean, however young (a mean started afresh
+          is too young to choose its shape on, but the best estimate of what it would do), at its estimate, or,
+          where its cost was not measured at this batch, at its :meth:`Line.ceiling` (its cost at a larger one); a
+          rival verifying fewer tokens than ``s`` counts at its estimate even there (a probe of ``s`` costs more a
+          step than the rival's steps).
+
+        The bounds from a larger batch decide the first steps of a load that drained into a new bucket (a closed
+        batch of 32 at 28 to 13 requests); ``benchmarks/HISTORY.md`` (stops 34 to 40) has the runs behind each."""
         floor = self.verify_cost[s].floor(batch, below)
         floor = None if floor is None else self.drift(s, batch) * floor
         smaller = [self.verify_seconds(o, batch) for o in self.shapes if o.total_tokens < s.total_tokens
                    and self.verify_cost[o].covers(batch) and self.steps - self.last_observed[o] <= STALE_STEPS]
         if smaller:  # a tree's own floor from batch 1 says little at 16: it verifies 16 times the tokens there
             floor = max([floor or 0.0] + smaller)
-        # A rival: another shape with a measured cost and an acceptance mean, however young. A mean started afresh (its
-        # shape not drafted for a while) is too young to choose the shape on, but the best estimate there is of what
-        # it would do (run M, stop 40: the chain's mean restarted after 50 steps drafting nothing, the chain was no
-        # rival, and the tree was probed at 14 and 16 requests against no speculation alone).
         rivals = []
         for o in (o for o in self.shapes if o != s and self._measured(o, min_rounds=1)):
             if self.verify_cost[o].covers(batch):
@@ -344,34 +339,6 @@ class TreeBudget:
         chain_accepted = self.chain_depths.completed(chain_accepted, held)
         self.accepted[self.chain].observe(chain_accepted, self.steps)
         self.chain_in_tree.observe(chain_accepted, self.steps)
-
-
-class BudgetLog:
-    """Why an auto budget drafts what it drafts: one JSON line per :data:`LOG_EVERY` steps and at every change of
-    the shape drafted (probes included), appended to ``path``: the step, the batch, the shape drafted and the one
-    chosen on merit, and each shape's :meth:`TreeBudget.estimates` (with its :meth:`TreeBudget.drift`).
-    ``EAGLE3_BUDGET_LOG=PATH`` turns it on in every engine (a file per process: give each server its own)."""
-
-    def __init__(self, path: str):
-        self.path, self._last = path, None
-
-    @classmethod
-    def from_env(cls) -> Optional["BudgetLog"]:
-        path = os.environ.get(LOG_ENV)
-        return cls(path) if path else None
-
-    def write(self, budget: TreeBudget, batch: int, shape: TreeShape) -> None:
-        if budget.steps % LOG_EVERY and shape == self._last:
-            return
-        self._last = shape
-        line = {"step": budget.steps, "batch": batch, "drafted": _name(shape), "chosen": _name(budget.current),
-                "shapes": {_name(s): budget.estimates(s, batch) for s in budget.shapes}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(line) + "\n")
-
-
-def _name(s: TreeShape) -> str:
-    return "none" if s == NONE else f"chain {s.depth}" if s.top_k == 1 else f"tree {s.depth}/{s.top_k}/{s.total_tokens}"
 
 
 class PendingRecord:

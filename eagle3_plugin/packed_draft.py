@@ -79,7 +79,8 @@ class PackedDraft:
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attention: AttentionFn,
                 queries: Optional[torch.Tensor] = None) -> torch.Tensor:
         """:meth:`Eagle3Draft.forward`: ``tokens [B, Q]``, ``hidden [B, Q, H]``, ``positions [B, Q]``; every token's key
-        and value reach ``attention``, the queries are all tokens or ``queries [B, Qq]``. Returns ``[B, Q or Qq, H]``."""
+        and value reach ``attention``, the queries are all tokens or ``queries [B, Qq]``. Returns
+        ``[B, Q or Qq, H]``."""
         eps, heads = self.config.rms_norm_eps, self.config.num_attention_heads
         rotated, v = self._rotated(self._attention_input(tokens, hidden), positions, 0)
         q, k = rotated[:, :, :heads], rotated[:, :, heads:]

@@ -72,7 +72,7 @@ def format_readings(readings: list[Reading]) -> str:
               + ("  <- best" if r is best else "") for r in readings]
     recorded = next((r for r in readings if r.name == "as recorded"), None)
     if recorded is not None and best is not recorded and best.mean_acceptance_length > recorded.mean_acceptance_length:
+        ratio = best.mean_acceptance_length / recorded.mean_acceptance_length
         lines.append(f"  WARNING: the recorded capture ids are not the best reading: {best.name} "
-                     f"{list(best.layer_ids)} accepts {best.mean_acceptance_length / recorded.mean_acceptance_length:.2f}x "
-                     "as much; re-convert with --layers")
+                     f"{list(best.layer_ids)} accepts {ratio:.2f}x as much; re-convert with --layers")
     return "\n".join(lines)

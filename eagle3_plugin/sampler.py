@@ -166,8 +166,9 @@ def verify_tree(tree: DraftTree, target_logits: torch.Tensor, params: SamplingPa
 
 def verify_tree_rows(tree: DraftTree, logits: torch.Tensor, rows: torch.Tensor, params: SamplingParams,
                      method: Method = "real", generator: Optional[torch.Generator] = None) -> Verdict:
-    """:func:`verify_tree` over an engine's flat logits ``[T, V]``: node ``j`` of row ``b`` reads ``logits[rows[b, j]]``.
-    An all-greedy batch takes the argmax of the flat rows, then the tree's (the tree's rows are not copied out)."""
+    """:func:`verify_tree` over an engine's flat logits ``[T, V]``: node ``j`` of row ``b`` reads
+    ``logits[rows[b, j]]``. An all-greedy batch takes the argmax of the flat rows, then the tree's (the tree's rows
+    are not copied out)."""
     _check_method(method)
     if bool(params.greedy.all()):
         return greedy_verdict(tree, logits.argmax(-1)[rows])

@@ -67,6 +67,13 @@ class TreeShape:
     def of(cls, config: Eagle3Config) -> "TreeShape":
         return cls(config.depth, config.top_k, config.total_tokens)
 
+    @property
+    def label(self) -> str:
+        """``none`` (one node: no speculation), ``chain D`` or ``tree D/K/N``, as logs and benchmarks print it."""
+        if self.total_tokens == 1:
+            return "none"
+        return f"chain {self.depth}" if self.top_k == 1 else f"tree {self.depth}/{self.top_k}/{self.total_tokens}"
+
 
 @dataclass
 class DraftKV:
@@ -299,7 +306,8 @@ class _Workspace:
 
 class _BufferAttention:
     """The draft's attention over a :class:`_Context`: the new keys and values go to columns ``at .. at + Q - 1``
-    of its buffer, then every query attends under ``mask``, additive, ``[B, 1, groups * Q, L]`` (:func:`grouped_mask`)."""
+    of its buffer, then every query attends under ``mask``, additive, ``[B, 1, groups * Q, L]``
+    (:func:`grouped_mask`)."""
 
     def __init__(self, context: _Context, at: int, mask: torch.Tensor, scale: float):
         self.context, self.at, self.mask, self.scale = context, at, mask, scale

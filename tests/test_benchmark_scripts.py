@@ -1,4 +1,5 @@
-"""Benchmarks that run where the suite runs, in their small mode, so they keep working between the runs that use them."""
+"""Benchmarks that run where the suite runs, in their small mode, so they keep working between the runs that use
+them."""
 
 import os
 import subprocess

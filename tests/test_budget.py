@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from eagle3_plugin.budget import (LOG_ENV, LOG_EVERY, MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX,
-                                 PROBE_STEPS, PendingRecord, TreeBudget)
+from eagle3_plugin.budget import (MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, PendingRecord,
+                                   TreeBudget)
 from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
+from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.speculator import TreeShape

@@ -107,7 +107,8 @@ class VllmEngine:
     def __init__(self, target_dir: str, config: Eagle3Config, engine_args=()):
         import os
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is the report's (engine processes too)
+        # stdout is the report's (the engine processes' too)
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm import LLM
 
         from ..vllm.speculative import speculative_config

@@ -163,9 +163,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
                                                                self.capture.features, nodes), params, random)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
-            tree_verified = verified.total_tokens > 1
-            self._pending_record.hold(began, verified=verified, drafted=drafted,
-                                      trees=trees if tree_verified else None, verdict=verdict if tree_verified else None,
+            if verified.total_tokens == 1:  # nothing was verified: no acceptance to record
+                trees = verdict = None
+            self._pending_record.hold(began, verified=verified, drafted=drafted, trees=trees, verdict=verdict,
                                       draft_seconds=draft_seconds, batch=len(rids))
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result

@@ -72,7 +72,8 @@ def regenerate_responses(target, tokenizer, prompts: list[list[int]], max_new_to
     return out
 
 
-def draft_vocabulary(examples: list[Example], vocab_size: int, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_vocabulary(examples: list[Example], vocab_size: int,
+                     draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d2t, t2d)`` from the frequencies of the tokens to learn: the most frequent, in id order.
 
     Ties (and tokens never seen, when fewer than ``draft_vocab_size`` occur) go to the lower id.

@@ -133,8 +133,9 @@ def train(args: TrainArgs) -> str:
         _save_state(state_dir, draft, optimizer, step, rng, budget.elapsed())
         print(f"time budget reached at step {step}/{budget.max_steps}; run the same command to resume")
     config = Eagle3Config(layer_ids=layer_ids)
-    report = {"steps": step, "max_steps": budget.max_steps, "minutes": budget.elapsed() / 60, "args": args.fingerprint(),
-              "final_loss": None if loss is None else loss.item(), "final_step_accuracy": acc}
+    report = {"steps": step, "max_steps": budget.max_steps, "minutes": budget.elapsed() / 60,
+              "args": args.fingerprint(), "final_loss": None if loss is None else loss.item(),
+              "final_step_accuracy": acc}
     save_draft(draft, args.out, config, force=True, extra_json={"training.json": report})
     if finished:
         shutil.rmtree(state_dir, ignore_errors=True)

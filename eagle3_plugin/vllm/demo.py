@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 
-from ..budget import LOG_ENV
+from ..budget_log import LOG_ENV
 from ..datafiles import read_prompts
 from ..errors import Eagle3Error
 from ..openai_api import spec_counters, stream_completion

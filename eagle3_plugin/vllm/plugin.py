@@ -21,5 +21,5 @@ def register() -> None:
     tree_runner.install()
     draft_handoff.install()
     admission.install()
-    logger.info("eagle3-plugin registered on vLLM %s: tree worker, request admission, CPU speculative-sampling fix, capture for "
-                "any target", version)
+    logger.info("eagle3-plugin registered on vLLM %s: tree worker, request admission, CPU speculative-sampling fix, "
+                "capture for any target", version)

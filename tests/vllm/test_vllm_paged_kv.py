@@ -31,7 +31,8 @@ def test_move_slots_moves_keys_and_values():
     slots = torch.arange(10)
     keys, values = torch.randn(10, 2, 32), torch.randn(10, 2, 32)
     write_with_kernel(kv_cache, keys, values, slots)
-    paged_kv.move_slots([paged_kv.key_value_caches(kv_cache)], torch.tensor([3, 7]), torch.tensor([1, 2]))  # a path's nodes 3, 7 to depths 1, 2
+    # a path's nodes 3, 7 to depths 1, 2
+    paged_kv.move_slots([paged_kv.key_value_caches(kv_cache)], torch.tensor([3, 7]), torch.tensor([1, 2]))
     got_keys, got_values = paged_kv.gather(kv_cache, torch.tensor([0, 1, 2]))
     assert torch.equal(got_keys, keys[[0, 3, 7]]) and torch.equal(got_values, values[[0, 3, 7]])
 

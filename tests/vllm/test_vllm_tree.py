@@ -13,7 +13,8 @@ from eagle3_plugin.sampler import SamplingParams
 from vllm_support import run_llm
 
 DEPTH, MAX_TOKENS = 5, 48
-TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=DEPTH, top_k=8, total_tokens=32, budget="fixed")
+TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=DEPTH, top_k=8, total_tokens=32,
+                    budget="fixed")
 CHAIN = Eagle3Config.chain(DEPTH, draft=DRAFT, layer_ids=(1, 3, 5), budget="fixed")
 
 
