@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bundled_args import bundled_parser, bundled_prompts, vllm_engine
+from bundled_args import bundled_parser, bundled_prompts, fresh_prefix_cache, vllm_engine
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # both engines' steps in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -67,6 +67,7 @@ def main(argv=None) -> int:
         batch = [prompts[(round_ * a.batch + i) % len(prompts)] for i in range(a.batch)]  # other prompts each round
         outputs, counted = {n: {} for n in names}, {n: {} for n in names}
         for name in names:
+            fresh_prefix_cache(engines[name])
             for i, prompt in enumerate(batch):
                 engines[name].add_request(f"r{round_}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
         running = set(names)

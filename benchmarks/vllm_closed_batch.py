@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from bundled_args import bundled_parser, bundled_prompts, vllm_engine
+from bundled_args import bundled_parser, bundled_prompts, fresh_prefix_cache, vllm_engine
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engines' runners in this process, reachable by collective_rpc
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -76,6 +76,7 @@ def main(argv=None) -> int:
         outputs = {}
         for name in names[round_ % 3:] + names[:round_ % 3]:  # no engine always first
             engine = llms[name].llm_engine
+            fresh_prefix_cache(engine)
             for i, prompt in enumerate(batch):
                 engine.add_request(f"r{round_}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
             outputs[name], step_ms = {}, []

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from bundled_args import bundled_parser, bundled_prompts, vllm_engine
+from bundled_args import bundled_parser, bundled_prompts, fresh_prefix_cache, vllm_engine
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
@@ -116,6 +116,7 @@ def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
 
     params = params.clone()
     params.output_kind = RequestOutputKind.DELTA  # each step's new tokens
+    fresh_prefix_cache(llm)
     timings_before = llm.collective_rpc(read_timings)[0] if read_timings else None
     engine, waiting, tokens = llm.llm_engine, list(range(len(prompts))), [[] for _ in prompts]
     ids, in_flight, rounds = {}, 0, 0

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from bundled_args import bundled_parser, bundled_prompts, vllm_engine
+from bundled_args import bundled_parser, bundled_prompts, fresh_prefix_cache, vllm_engine
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # both engines' steps in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -55,6 +55,7 @@ def main(argv=None) -> int:
         tokens, spent = {}, {}
         for name in names[round_ % 2:] + names[:round_ % 2]:  # no engine always first
             tokens[name], spent[name] = {}, 0.0
+            fresh_prefix_cache(engines[name])
             for i, prompt in enumerate(prompts):
                 engines[name].add_request(f"r{round_}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
         running = set(names)
