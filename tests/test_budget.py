@@ -121,6 +121,25 @@ def test_a_cost_line_reads_what_was_measured_near_a_batch_rather_than_its_fit_ov
     assert not Line(0.002, 0.001).covers(4) and Line(0.002, 0.001)(4) == pytest.approx(0.006)  # nothing observed
 
 
+def test_a_cost_line_does_not_jump_where_the_batch_crosses_into_the_next_bucket():
+    """Run S2 at ~16 requests: the chain's cost read 13.1 ms at 15 requests (bucket 8-15, observed mostly nearer 10)
+    and 17.6 ms at 16 (bucket 16-31), and the budget alternated the chain and no speculation step after step as
+    admissions and finishes moved the batch between 15 and 16. Between two covered buckets' centroids the line is
+    read on the straight line through them: one request more costs what the observations on either side say it does,
+    not the jump between two buckets' readings through a slope fitted over all batches."""
+    line = Line()
+    for _ in range(3):
+        for batch, seconds in ((1, 0.003), (10, 0.012), (16, 0.0176), (32, 0.022)):
+            line.observe(batch, seconds)
+    assert line.per_unit < 0.0007  # the fit over all batches: flatter than the 0.93 ms a request between 10 and 16
+    readings = [line(b) for b in range(10, 17)]
+    assert readings[0] == pytest.approx(0.012) and readings[-1] == pytest.approx(0.0176)
+    steps = [b - a for a, b in zip(readings, readings[1:])]
+    assert all(step == pytest.approx((0.0176 - 0.012) / 6) for step in steps)
+    assert line(1) == pytest.approx(0.003) and line(32) == pytest.approx(0.022)  # each centroid reads as measured
+    assert line(40) == pytest.approx(0.022 + 8 * line.per_unit)  # past the last centroid: its bucket and the slope
+
+
 def test_a_shape_measured_only_at_neighbouring_batches_is_probed_before_it_is_believed():
     """Run T: the chain's steps at 2 and 3 requests, as the engine's start-up pass drained, read 9.7 ms (first steps
     are slow); at one request its step is 3.4 ms, and the tree, measured there, was drafted for ~600 steps. Those
