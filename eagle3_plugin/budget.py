@@ -256,7 +256,10 @@ class TreeBudget:
     def drift(self, s: TreeShape, batch: int) -> float:
         """How much slower this machine runs a step of ``batch`` requests now than when ``s``'s cost was last observed,
         read off the :attr:`reference` shape (the one being run): its cost line now against the same line then. 1 for
-        the reference, and where either line did not cover ``batch`` (an extrapolation says nothing of speed).
+        the reference, and where the two lines cover neither ``batch`` nor a batch just outside its power-of-two bucket
+        (an extrapolation says nothing of speed); where they cover only the latter, it is read there. Read as 1 next
+        to a bucket both covered, the drift made the chain's cost jump between 15 requests (1) and 16 (1.29), and the
+        budget alternated it with no speculation as the batch moved between the two (run U2).
 
         The reference is the shape chosen last once its own cost has been observed since (:meth:`_hand_over`). A
         shape just chosen holds the costs of its last run, possibly in another spell: read as they stand, they would
@@ -273,9 +276,8 @@ class TreeBudget:
         reference = self.reference
         then = self.lines_when_seen[s].get(reference)
         now = self.verify_cost[reference]
-        if s == reference or then is None or not (then.covers(batch) and now.covers(batch)) or then(batch) <= 0:
-            return 1.0
-        return min(max(now(batch) / then(batch), 1 / MAX_DRIFT), MAX_DRIFT)
+        ratio = None if s == reference or then is None else _speed_ratio(now, then, batch)
+        return 1.0 if ratio is None else ratio
 
     def _memoized(self, key: tuple, compute):
         """``compute()``, computed once per :meth:`shape` call (which reads each estimate several times); always
@@ -303,8 +305,9 @@ class TreeBudget:
 
         A step that switched shape (it drafted another shape than it verified, or verified another than the step
         before) is not a cost observation: its costs are the switch's (module docstring). An observed cost is kept as
-        measured, with the other shapes' lines as they stand then (:meth:`drift`); a shape whose line did not cover
-        the batch yet when another was last seen is read from its first steps there on."""
+        measured, with the other shapes' lines as they stand then (:meth:`drift`); a shape whose line covered neither
+        the batch nor a batch next to its bucket when another was last seen is read from its first steps there on
+        (next to it, the drift is read where it was covered: :meth:`drift`)."""
         self.last_run[verified] = self.steps
         steady = verified == drafted and self.last_verified in (None, verified)
         self.last_verified = verified
@@ -319,7 +322,8 @@ class TreeBudget:
             for s, lines in self.lines_when_seen.items():  # shapes seen before this one covered the batch: from now
                 if s in carried:
                     lines[verified] = line.scaled(1 / carried[s])
-                elif s != verified and (verified not in lines or not lines[verified].covers(batch)):
+                elif s != verified and (verified not in lines
+                                        or _nearest_covered(batch, line, lines[verified]) is None):
                     lines[verified] = line.copy()
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0 and steady:
@@ -368,6 +372,25 @@ class PendingRecord:
         began = entry.pop("began")
         decode_only = entry.pop("decode_only", True) and now is not None
         self.budget.record(**entry, decode_only=decode_only, step_seconds=0.0 if now is None else now - began)
+
+
+def _speed_ratio(now: Line, then: Line, batch: int) -> Optional[float]:
+    """How many times ``then``'s cost ``now`` reads at ``batch`` or, where the two do not both cover it, at the
+    nearest batch next to its bucket that they do (:func:`_nearest_covered`), within :data:`MAX_DRIFT`; None where
+    there is none."""
+    at = _nearest_covered(batch, now, then)
+    if at is None or then(at) <= 0:
+        return None
+    return min(max(now(at) / then(at), 1 / MAX_DRIFT), MAX_DRIFT)
+
+
+def _nearest_covered(batch: int, *lines: Line) -> Optional[int]:
+    """``batch`` where every line :meth:`~Line.covers` it, else the nearer (in ratio) of the batches next to its
+    power-of-two bucket, above and below, that every line covers; None where there is none."""
+    batch = max(batch, 1)
+    above, below = 1 << batch.bit_length(), (1 << (batch.bit_length() - 1)) - 1
+    candidates = [batch] + sorted((b for b in (above, below) if b >= 1), key=lambda b: max(b / batch, batch / b))
+    return next((b for b in candidates if all(line.covers(b) for line in lines)), None)
 
 
 def _chain_accepted(trees: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -583,6 +583,27 @@ def test_a_shape_just_chosen_is_read_through_the_drift_that_chose_it_until_its_o
     assert budget.reference == NONE and budget.drift(chain, 1) == pytest.approx(1, rel=0.1)
 
 
+def test_the_drift_is_read_at_a_neighbouring_bucket_where_only_it_is_covered():
+    """Run U2 at ~16 requests: the chain was last measured at 16 alone, beside no speculation's steps there; no
+    speculation then ran on, at 15 and 16 requests, in a spell 1.3x slower. Its line had covered 16 only, so its
+    first steps at 15, already slow, became the chain's reference there: the drift read 1.3 at 16 and 1 at 15, and
+    the chain, losing at 16, looked ahead at 15; the budget alternated as the batch moved between the two. The drift
+    at 15 is now read at 16, the nearest batch both lines cover: the same on both sides, and so is the choice."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=0.7, chain=0.6)
+    run_in_turn(budget, {tree: 0.060, NONE: 0.008, chain: 0.014}, batch=16)
+    budget.current = NONE
+    for step in range(60):
+        batch = 15 + step % 2
+        budget.record(NONE, NONE, None, None, True, 0.0104 + 0.001, 0.001, batch)
+    assert budget.reference == NONE and budget.verify_cost[NONE].covers(15)
+    assert not budget.lines_when_seen[chain][NONE].covers(15)  # no speculation's line when the chain ran
+    assert budget.drift(chain, 16) > 1.2  # its line at 16 nearly all the slow spell's
+    assert budget.drift(chain, 15) == pytest.approx(budget.drift(chain, 16))
+    assert budget.best(15) == budget.best(16) == NONE  # 1.6 tokens in ~19.5 ms against 1 in ~11.4, either side
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_noise_in_the_shape_being_run_does_not_move_the_estimates_of_the_others(seed):
     """The chain runs 3,000 steps whose cost is noise about a steady 10 ms (log-normal, sd 0.3); the tree and no
