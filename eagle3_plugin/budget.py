@@ -63,7 +63,7 @@ from typing import Optional
 import torch
 
 from .budget_estimates import (MIN_OBSERVATIONS, OUTLIER, STALE_STEPS, ChainDepths, Line, RoundMean,
-                               measure_draft_costs)
+                               measure_draft_costs, nearest_covered)
 from .budget_log import BudgetLog
 from .config import Eagle3Config
 from .sampler import Verdict
@@ -323,7 +323,7 @@ class TreeBudget:
                 if s in carried:
                     lines[verified] = line.scaled(1 / carried[s])
                 elif s != verified and (verified not in lines
-                                        or _nearest_covered(batch, line, lines[verified]) is None):
+                                        or nearest_covered(batch, line, lines[verified]) is None):
                     lines[verified] = line.copy()
         measured = self.draft_costs.get(drafted)
         if measured is not None and batch > 0 and measured(batch) > 0 and steady:
@@ -376,21 +376,12 @@ class PendingRecord:
 
 def _speed_ratio(now: Line, then: Line, batch: int) -> Optional[float]:
     """How many times ``then``'s cost ``now`` reads at ``batch`` or, where the two do not both cover it, at the
-    nearest batch next to its bucket that they do (:func:`_nearest_covered`), within :data:`MAX_DRIFT`; None where
-    there is none."""
-    at = _nearest_covered(batch, now, then)
+    nearest batch next to its bucket that they do (:func:`~eagle3_plugin.budget_estimates.nearest_covered`), within
+    :data:`MAX_DRIFT`; None where there is none."""
+    at = nearest_covered(batch, now, then)
     if at is None or then(at) <= 0:
         return None
     return min(max(now(at) / then(at), 1 / MAX_DRIFT), MAX_DRIFT)
-
-
-def _nearest_covered(batch: int, *lines: Line) -> Optional[int]:
-    """``batch`` where every line :meth:`~Line.covers` it, else the nearer (in ratio) of the batches next to its
-    power-of-two bucket, above and below, that every line covers; None where there is none."""
-    batch = max(batch, 1)
-    above, below = 1 << batch.bit_length(), (1 << (batch.bit_length() - 1)) - 1
-    candidates = [batch] + sorted((b for b in (above, below) if b >= 1), key=lambda b: max(b / batch, batch / b))
-    return next((b for b in candidates if all(line.covers(b) for line in lines)), None)
 
 
 def _chain_accepted(trees: DraftTree, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

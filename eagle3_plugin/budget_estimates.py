@@ -130,6 +130,15 @@ def _bucket(units: float) -> int:
     return int(max(units, 1.0)).bit_length()
 
 
+def nearest_covered(units: int, *lines: Line) -> Optional[int]:
+    """``units`` where every line :meth:`~Line.covers` it, else the nearer (in ratio) of the two just outside its
+    power-of-two bucket, above and below, that every line covers; None where there is none."""
+    units, bucket = max(units, 1), _bucket(units)
+    outside = [b for b in (1 << bucket, (1 << (bucket - 1)) - 1) if b >= 1]
+    candidates = [units] + sorted(outside, key=lambda b: max(b / units, units / b))
+    return next((b for b in candidates if all(line.covers(b) for line in lines)), None)
+
+
 @dataclass
 class RoundMean:
     """Mean accepted draft tokens per request-round, with forgetting: ``value`` (None before any round). Acceptance
