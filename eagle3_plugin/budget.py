@@ -137,7 +137,8 @@ class TreeBudget:
             return self.shapes[0]
         for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
             cost = self.verify_cost[s]
-            unmeasured_here = cost.observations and not cost.covers(batch)
+            # (a shape still gathering its first observations is being run already)
+            unmeasured_here = cost.observations >= MIN_OBSERVATIONS and not cost.covers(batch)
             due = self.steps - self.last_run[s] > self.probe_every[s] and (
                 s == NONE or not self.would_lose(s, batch, below=True))
             if due or (unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS

@@ -14,10 +14,10 @@ from .sampler import SamplingParams
 from .speculator import DraftKV, DraftRows, Speculator, TreeShape
 
 FORGET = 0.95  # weight of the past per observation in the online cost fits
-MIN_OBSERVATIONS = 3  # observations of a cost before it is believed (and later ones clipped to its fit)
+MIN_OBSERVATIONS = 3  # observations of a cost (in a batch size's bucket) before it is believed (later ones clipped)
 ROUND_MEMORY = 0.99  # weight of the past per request-round in the acceptance means (about the last 100)
 OUTLIER = 2.0  # an observed cost counts at most this many times its fit (a step slowed by something else)
-COVERED = 0.3  # weight of recent observations in a batch size's bucket for a cost line to be trusted there
+COVERED = 0.3  # weight of recent observations in a batch size's bucket for a cost line to be read there
 STALE_STEPS = 50  # steps after which an unfed acceptance mean, or an unrun shape's costs, are stale
 
 
@@ -28,31 +28,44 @@ class Line:
     while a cost that truly grew is followed within a hundred observations.
 
     A step's cost is not quite a line in the batch size, and a fit over batches 5 to 32 can read twice the true cost
-    at batch 1. So where recent observations lie within a factor of 2 of ``units`` (its power-of-two bucket,
-    :meth:`covers`), the line is read through their mean (the bucket's centroid): ``seconds = mean_seconds_there +
-    per_unit * (units - mean_units_there)``; elsewhere it extrapolates. Between the centroids of two neighbouring
-    covered buckets it is read on the straight line through them instead, so the reading does not jump where
-    ``units`` crosses into the next bucket (run S2 at ~16 requests: the chain's cost read 13.1 ms at 15 requests and
-    17.6 ms at 16, from two buckets' observations, and the budget alternated the chain and no speculation as the batch
-    moved between 15 and 16). A bucket that is not covered is not read for ``units`` in it: the steps at 2 or 3
-    requests an engine's start-up drained through, slow as first steps are, read 9.7 ms for a 3.4 ms step at one
-    (run T), and, as they covered it, kept it from being probed there for ~600 steps."""
+    at batch 1. So where :data:`MIN_OBSERVATIONS` recent observations lie within a factor of 2 of ``units`` (its
+    power-of-two bucket, :meth:`covers`), the line is read through their mean (the bucket's centroid): ``seconds =
+    mean_seconds_there + slope * (units - mean_units_there)``, ``slope`` the fit's ``per_unit`` but at most the mean
+    seconds per unit there (a unit never costs more than the mean one: a fit over steps at 15 and 16 requests alone
+    can read any slope). Where ``units``' own bucket is not covered, the line is read the same way through a
+    neighbouring bucket's centroid, and only where neither neighbour is covered does it extrapolate the fit. Between
+    the centroids of two neighbouring covered buckets it is read on the straight line through them instead, so the
+    reading does not jump where ``units`` crosses into the next bucket (run S2 at ~16 requests: the chain's cost read
+    13.1 ms at 15 requests and 17.6 ms at 16, from two buckets' observations, and the budget alternated the chain and
+    no speculation as the batch moved between 15 and 16).
+
+    A bucket holding fewer observations, or only old ones, is not covered, and the budget probes a shape there. One
+    step is not enough: in run U3 no speculation's bucket at 16 was dropped as stale, and the one step observed there
+    next, a slow one (15 ms against ~10 at 15), was read as its cost from 16 requests up, so the budget drafted the
+    chain at 16 and nothing at 15 for the rest of the pass. Nor are old ones: the steps at 2 or 3 requests an engine's
+    start-up drained through, slow as first steps are, read 9.7 ms for a 3.4 ms step at one (run T), and, as they
+    covered it, kept it from being probed there for ~600 steps."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
     observations: int = 0
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
-    _near: dict = field(default_factory=dict)  # power-of-two bucket of units -> weighted [n, sum x, sum y] in it
+    # power-of-two bucket of units -> [weighted n, sum x, sum y, observations since the bucket (re)started] in it
+    _near: dict = field(default_factory=dict)
 
     def __call__(self, units: float) -> float:
-        here = self._centroid(_bucket(units))
+        bucket = _bucket(units)
+        here = self._centroid(bucket)
         if here is None:
-            return self.fixed + self.per_unit * units
+            neighbours = [c for c in (self._centroid(bucket - 1), self._centroid(bucket + 1)) if c is not None]
+            if not neighbours:
+                return self.fixed + self.per_unit * units
+            here = min(neighbours, key=lambda c: max(c[0] / units, units / c[0]))
         x, y = here
-        there = None if units == x else self._centroid(_bucket(units) + (1 if units > x else -1))
+        there = None if units == x else self._centroid(_bucket(x) + (1 if units > x else -1))
         if there is not None and (there[0] - units) * (units - x) > 0:  # between the two centroids
             return y + (there[1] - y) * (units - x) / (there[0] - x)
-        return max(y + self.per_unit * (units - x), 0.0)
+        return y + min(self.per_unit, y / x) * (units - x)  # a unit never costs more than the mean one there
 
     def observe(self, units: float, seconds: float) -> None:
         fit = self(units)
@@ -60,9 +73,9 @@ class Line:
             seconds = min(seconds, OUTLIER * fit)
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
-        self._near = {b: [FORGET * v for v in stats] for b, stats in self._near.items()}
-        near = self._near.setdefault(_bucket(units), [0.0] * 3)
-        near[0], near[1], near[2] = near[0] + 1.0, near[1] + units, near[2] + seconds
+        self._near = {b: [FORGET * n, FORGET * x, FORGET * y, count] for b, (n, x, y, count) in self._near.items()}
+        near = self._near.setdefault(_bucket(units), [0.0, 0.0, 0.0, 0])
+        near[0], near[1], near[2], near[3] = near[0] + 1.0, near[1] + units, near[2] + seconds, near[3] + 1
         n, sx, sy, sxx, sxy = self._stats
         self.observations += 1
         spread = sxx - sx * sx / n
@@ -76,12 +89,13 @@ class Line:
     def scaled(self, factor: float) -> "Line":
         """A copy that reads every cost ``factor`` times this line's."""
         n, sx, sy, sxx, sxy = self._stats
-        near = {b: [m, x, factor * y] for b, (m, x, y) in self._near.items()}
+        near = {b: [m, x, factor * y, count] for b, (m, x, y, count) in self._near.items()}
         stats = [n, sx, factor * sy, sxx, factor * sxy]
         return Line(factor * self.fixed, factor * self.per_unit, self.observations, stats, near)
 
     def covers(self, units: float) -> bool:
-        """Whether observations in ``units``' bucket (within a factor of 2) still weigh :data:`COVERED` in the fit."""
+        """Whether ``units``' bucket (within a factor of 2) holds :data:`MIN_OBSERVATIONS` observations since it last
+        started (:meth:`forget_near`) and they still weigh :data:`COVERED` in the fit."""
         return self._covered(_bucket(units))
 
     def forget_near(self, units: float) -> None:
@@ -111,13 +125,14 @@ class Line:
         return None if above is None else above[1]
 
     def _covered(self, bucket: int) -> bool:
-        return self._near.get(bucket, (0.0,))[0] >= COVERED
+        weight, _, _, count = self._near.get(bucket, (0.0, 0.0, 0.0, 0))
+        return weight >= COVERED and count >= MIN_OBSERVATIONS
 
     def _centroid(self, bucket: int) -> Optional[tuple[float, float]]:
         """The mean units and seconds of a covered bucket's observations; None where it is not covered."""
         if not self._covered(bucket):
             return None
-        n, sx, sy = self._near[bucket]
+        n, sx, sy, _ = self._near[bucket]
         return sx / n, sy / n
 
     def _above(self, units: float) -> Optional[tuple[int, float]]:

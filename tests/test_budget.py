@@ -113,12 +113,36 @@ def test_a_cost_line_reads_what_was_measured_near_a_batch_rather_than_its_fit_ov
     for _ in range(3):
         for batch, seconds in ((5, 0.0125), (8, 0.0128), (16, 0.0136), (32, 0.0152)):
             line.observe(batch, seconds)
-    line.observe(1, 0.007)
-    line.observe(1, 0.007)
-    assert line.covers(1) and line.fixed + line.per_unit > 0.010  # the fit over all batches
+    for _ in range(MIN_OBSERVATIONS):
+        line.observe(1, 0.007)
+    assert line.covers(1) and line.fixed + line.per_unit > 0.009  # the fit over all batches
     assert line(1) == pytest.approx(0.007, rel=0.02)
     assert line(16) == pytest.approx(0.0136, rel=0.05)
     assert not Line(0.002, 0.001).covers(4) and Line(0.002, 0.001)(4) == pytest.approx(0.006)  # nothing observed
+
+
+def test_a_bucket_is_read_only_once_enough_steps_back_it():
+    """Run U3 at ~16 requests: no speculation's observations at 16 were dropped as stale, and the first step there
+    afterwards, a slow one (15 ms against ~10), was all the bucket held. Read as the bucket's mean, it put no
+    speculation at 15 ms from 16 requests up while it read ~10 at 15, and the budget alternated the chain (at 16) and
+    nothing (at 15) for the rest of the pass. A bucket is read once :data:`MIN_OBSERVATIONS` steps back it; until
+    then the line reads there as where nothing was measured, and the budget probes the shape there."""
+    line = Line()
+    for _ in range(20):
+        line.observe(15, 0.010)
+    line.forget_near(16)
+    line.observe(16, 0.015)
+    assert not line.covers(16) and line(16) == pytest.approx(0.010, rel=0.1)
+    for _ in range(MIN_OBSERVATIONS - 1):
+        line.observe(16, 0.015)
+    assert line.covers(16) and line(16) == pytest.approx(0.015, rel=0.02)  # three steps say it: read there
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=0.7, chain=0.6)
+    run_in_turn(budget, {tree: 0.060, chain: 0.020, NONE: 0.010}, batch=15)
+    budget.verify_cost[NONE].observe(16, 0.015)
+    assert budget.verify_seconds(NONE, 16) < 0.012  # 1 token in ~11 ms against the chain's 1.6 in ~21
+    assert budget.shape(16) == NONE
 
 
 def test_a_cost_line_does_not_jump_where_the_batch_crosses_into_the_next_bucket():
