@@ -325,9 +325,9 @@ class TreeBudget:
         self.last_verified = verified
         if decode_only and batch > 0 and steady:
             line = self.verify_cost[verified]
+            if self.steps - self.last_observed[verified] > STALE_STEPS:  # read at today's speed until replaced
+                line.forget_near(batch, today=self.drift(verified, batch))
             carried = self._hand_over(verified, batch) if verified == self.current != self.reference else {}
-            if self.steps - self.last_observed[verified] > STALE_STEPS:
-                line.forget_near(batch)
             self.last_observed[verified] = self.steps
             line.observe(batch, max(step_seconds - draft_seconds, 0.0))
             self.lines_when_seen[verified] = {o: self.verify_cost[o].copy() for o in self.shapes if o != verified}

@@ -42,7 +42,8 @@ class Line:
     A bucket holding fewer observations, or only old ones, is not covered, and the budget probes a shape there. One
     step is not enough: in run U3 no speculation's bucket at 16 was dropped as stale, and the one step observed there
     next, a slow one (15 ms against ~10 at 15), was read as its cost from 16 requests up, so the budget drafted the
-    chain at 16 and nothing at 15 for the rest of the pass. Nor are old ones: the steps at 2 or 3 requests an engine's
+    chain at 16 and nothing at 15 for the rest of the pass (a stale bucket is now read at today's speed until fresh
+    steps replace it, :meth:`forget_near`). Nor are old ones: the steps at 2 or 3 requests an engine's
     start-up drained through, slow as first steps are, read 9.7 ms for a 3.4 ms step at one (run T), and, as they
     covered it, kept it from being probed there for ~600 steps."""
 
@@ -52,6 +53,7 @@ class Line:
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
     # power-of-two bucket of units -> [weighted n, sum x, sum y, observations since the bucket (re)started] in it
     _near: dict = field(default_factory=dict)
+    _fresh: dict = field(default_factory=dict)  # the same, for buckets being observed afresh (forget_near)
 
     def __call__(self, units: float) -> float:
         bucket = _bucket(units)
@@ -73,9 +75,12 @@ class Line:
             seconds = min(seconds, OUTLIER * fit)
         n, sx, sy, sxx, sxy = (FORGET * v for v in self._stats)
         self._stats = [n + 1, sx + units, sy + seconds, sxx + units * units, sxy + units * seconds]
-        self._near = {b: [FORGET * n, FORGET * x, FORGET * y, count] for b, (n, x, y, count) in self._near.items()}
-        near = self._near.setdefault(_bucket(units), [0.0, 0.0, 0.0, 0])
+        self._near, self._fresh = _forgotten(self._near), _forgotten(self._fresh)
+        bucket = _bucket(units)
+        near = (self._fresh if bucket in self._fresh else self._near).setdefault(bucket, [0.0, 0.0, 0.0, 0])
         near[0], near[1], near[2], near[3] = near[0] + 1.0, near[1] + units, near[2] + seconds, near[3] + 1
+        if bucket in self._fresh and near[3] >= MIN_OBSERVATIONS:
+            self._near[bucket] = self._fresh.pop(bucket)
         n, sx, sy, sxx, sxy = self._stats
         self.observations += 1
         spread = sxx - sx * sx / n
@@ -89,19 +94,27 @@ class Line:
     def scaled(self, factor: float) -> "Line":
         """A copy that reads every cost ``factor`` times this line's."""
         n, sx, sy, sxx, sxy = self._stats
-        near = {b: [m, x, factor * y, count] for b, (m, x, y, count) in self._near.items()}
+        near, fresh = ({b: [m, x, factor * y, count] for b, (m, x, y, count) in buckets.items()}
+                       for buckets in (self._near, self._fresh))
         stats = [n, sx, factor * sy, sxx, factor * sxy]
-        return Line(factor * self.fixed, factor * self.per_unit, self.observations, stats, near)
+        return Line(factor * self.fixed, factor * self.per_unit, self.observations, stats, near, fresh)
 
     def covers(self, units: float) -> bool:
-        """Whether ``units``' bucket (within a factor of 2) holds :data:`MIN_OBSERVATIONS` observations since it last
-        started (:meth:`forget_near`) and they still weigh :data:`COVERED` in the fit."""
+        """Whether ``units``' bucket (within a factor of 2) holds :data:`MIN_OBSERVATIONS` observations and they still
+        weigh :data:`COVERED` in the fit."""
         return self._covered(_bucket(units))
 
-    def forget_near(self, units: float) -> None:
-        """Drop the observations in ``units``' bucket: they are stale (the shape has not run for a while, and the
-        machine's speed has moved since), and the next ones alone should be read there."""
-        self._near.pop(_bucket(units), None)
+    def forget_near(self, units: float, today: float = 1.0) -> None:
+        """Read ``units``' bucket from the next observations there alone, once :data:`MIN_OBSERVATIONS` of them are in:
+        its observations are stale (the shape has not run for a while, and the machine's speed has moved since). Until
+        then they are read ``today`` times what they read (how much slower the machine runs now, as the budget's drift
+        reads it): in run V one step at 32 after the bucket was dropped left it uncovered, no speculation's cost there
+        was read off the bucket below (11.4 ms against the 7.8 just read), and the chain was drafted through the rest
+        of the pass, at 0.63x no speculation."""
+        bucket = _bucket(units)
+        if bucket in self._near:
+            self._near[bucket][2] *= today
+        self._fresh[bucket] = [0.0, 0.0, 0.0, 0]
 
     def floor(self, units: float, below: bool = False) -> Optional[float]:
         """A lower bound on the cost at ``units``, the larger of two (None when neither exists): the line at the bottom
@@ -139,6 +152,11 @@ class Line:
         """The units at the bottom of the lowest covered bucket above ``units``' own, and the line there; or None."""
         b = min((b for b in self._near if b > _bucket(units) and self._covered(b)), default=None)
         return None if b is None else (1 << (b - 1), self(1 << (b - 1)))
+
+
+def _forgotten(buckets: dict) -> dict:
+    """``buckets``' weighted sums after one more observation (their counts are kept)."""
+    return {b: [FORGET * n, FORGET * x, FORGET * y, count] for b, (n, x, y, count) in buckets.items()}
 
 
 def _bucket(units: float) -> int:

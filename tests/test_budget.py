@@ -145,6 +145,22 @@ def test_a_bucket_is_read_only_once_enough_steps_back_it():
     assert budget.shape(16) == NONE
 
 
+def test_a_stale_bucket_is_read_at_todays_speed_until_enough_fresh_steps_replace_it():
+    """Run V at 32 requests: no speculation, back after a pass at 16, was chosen at 32 on its bucket there read at
+    today's speed (7.8 ms); its next step dropped that bucket as stale, the bucket below was read instead (11.4 ms),
+    and the chain was drafted through the rest of the pass. Stale observations are now read at today's speed until
+    MIN_OBSERVATIONS fresh ones replace them."""
+    line = Line()
+    for batch, seconds in [(32, 0.00825)] * 5 + [(19, 0.006)] * 5:
+        line.observe(batch, seconds)
+    line.forget_near(32, today=0.94)
+    line.observe(32, 0.011)
+    assert line.covers(32) and line(32) == pytest.approx(0.94 * 0.00825)
+    for _ in range(MIN_OBSERVATIONS - 1):
+        line.observe(32, 0.011)
+    assert line(32) == pytest.approx(0.011)  # the fresh steps alone
+
+
 def test_a_cost_line_does_not_jump_where_the_batch_crosses_into_the_next_bucket():
     """Run S2 at ~16 requests: the chain's cost read 13.1 ms at 15 requests (bucket 8-15, observed mostly nearer 10)
     and 17.6 ms at 16 (bucket 16-31), and the budget alternated the chain and no speculation step after step as
