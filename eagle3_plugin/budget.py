@@ -48,9 +48,10 @@ mean holds :data:`MIN_ROUNDS` rounds; no speculation's, on until its cost is rea
 and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is not probed
 at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape verifying fewer
 tokens, so a tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe
-costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for :data:`STALE_STEPS` steps are stale at the batch size it is
-next run at (its last probe there may have hit a slow spell the drift did not see): they are read from its new steps
-there alone.
+costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for
+:data:`STALE_STEPS` steps are stale at the batch size it is next run at (its last probe there may have hit a slow
+spell the drift did not see): once a few of its new steps there are in, they are read alone (until then, the stale
+ones at today's speed).
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`~eagle3_plugin.budget_log.BudgetLog`).
