@@ -106,6 +106,7 @@ class TreeBudget:
         self.probe_every = {s: PROBE_EVERY for s in self.shapes}  # steps not run before a probe, doubled per probe
         self.current = NONE  # the shape chosen last on merit (not a probe)
         self.reference = NONE  # the shape whose cost line the drift is read off (see drift)
+        self.reference_line: Optional[Line] = None  # its line when another shape was chosen, until the hand-over
         self.last_verified: Optional[TreeShape] = None  # the shape the last recorded step verified
         self.steps = 0
         self.log = BudgetLog.from_env() if self.auto else None
@@ -157,7 +158,10 @@ class TreeBudget:
                 if s == NONE and self.probe_left[s] == 0 and self._probe_unread(s, batch):
                     self.probe_left[s] = 1
                 return s
-        best = self.current = self.best(batch)
+        best = self.best(batch)
+        if best != self.current:
+            self._hold_reference(best)
+        self.current = best
         self.probe_every[best] = PROBE_EVERY
         return best
 
@@ -277,7 +281,11 @@ class TreeBudget:
         The reference is the shape chosen last once its own cost has been observed since (:meth:`_hand_over`). A
         shape just chosen holds the costs of its last run, possibly in another spell: read as they stand, they would
         undo the drift that chose it, and the budget would switch back at once (run I: the chain and no speculation
-        alternating step after step). Until its own steps are measured, it is read through the drift that chose it.
+        alternating step after step). Until its own steps are measured, it is read through the drift that chose it: the
+        reference's line as it stood then (:attr:`reference_line`), which a probe of the reference in between does not
+        move (run W at 32: no speculation, chosen at a wave's first step, was read 1.15x dearer after three steps of a
+        probe of the chain, the reference, read 17.3 ms against its 15.8 of the last pass, and the chain was drafted
+        through the wave).
 
         Every cost is kept as measured, and only the shape being run shows how this machine's speed drifts (by tens
         of percent within minutes). An earlier budget kept costs divided by one slowdown that the chosen shape's steps
@@ -288,7 +296,7 @@ class TreeBudget:
     def _drift(self, s: TreeShape, batch: int) -> float:
         reference = self.reference
         then = self.lines_when_seen[s].get(reference)
-        now = self.verify_cost[reference]
+        now = self.verify_cost[reference] if self.reference_line is None else self.reference_line
         ratio = None if s == reference or then is None else _speed_ratio(now, then, batch)
         return 1.0 if ratio is None else ratio
 
@@ -306,8 +314,16 @@ class TreeBudget:
         shape's drift as read off the old reference, which :meth:`record` carries across (its snapshot of ``chosen``'s
         line scaled so that it reads the same drift now): no reading jumps at the hand-over."""
         carried = {s: self.drift(s, batch) for s in self.shapes if s != chosen}
-        self.reference = chosen
+        self.reference, self.reference_line = chosen, None
         return carried
+
+    def _hold_reference(self, chosen: TreeShape) -> None:
+        """``chosen`` replaces the shape chosen last: until its own steps hand it the reference, the drift is read off
+        the reference's line as it stands now (:meth:`drift`); none to hold when ``chosen`` is the reference."""
+        if chosen == self.reference:
+            self.reference_line = None
+        elif self.reference_line is None:
+            self.reference_line = self.verify_cost[self.reference].copy()
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
                decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:

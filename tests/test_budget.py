@@ -647,6 +647,27 @@ def test_a_shape_just_chosen_is_read_through_the_drift_that_chose_it_until_its_o
     assert budget.reference == NONE and budget.drift(chain, 1) == pytest.approx(1, rel=0.1)
 
 
+def test_a_probe_of_the_reference_does_not_move_the_drift_that_chose_another_shape():
+    """Run W at 32 requests: no speculation was chosen at a wave's first step, the chain still the drift's reference.
+    A probe of the chain followed at once; its three steps read 17.3 ms against the 15.8 of its last pass, so no
+    speculation's drift read 1.15, and the chain, 1.1x ahead by that alone, was drafted through the wave. Until no
+    speculation's own steps are read, the drift stays the one that chose it."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=1.0, chain=1.0)
+    run_in_turn(budget, {tree: 0.060, NONE: 0.008, chain: 0.018}, batch=32)
+    assert budget.reference == chain and budget.shape(32) == NONE  # 32 tokens in 8 ms against 64 in 19
+    budget.accepted[chain] = RoundMean()  # the next wave's prompts: the chain accepts more
+    budget.accepted[chain].observe(torch.full((MIN_ROUNDS,), 1.4), budget.steps)
+    budget.steps += STALE_STEPS + 1  # the chain's steps at 32 are stale: its probe's three steps replace them
+    budget.last_verified = chain
+    for _ in range(MIN_OBSERVATIONS):
+        budget.record(chain, chain, None, None, True, 0.0198 + 0.001, 0.001, 32)
+    assert budget.verify_cost[chain](32) == pytest.approx(0.0198)  # 10% dearer than its last pass
+    assert budget.drift(NONE, 32) == pytest.approx(1.0)  # read 1.1 from the probe, it put the chain ahead by 1.1x
+    assert budget.best(32) == NONE  # 32 tokens in 9 ms against 76.8 in 20.8: the chain is not 1.1x as fast
+
+
 def test_the_drift_is_read_at_a_neighbouring_bucket_where_only_it_is_covered():
     """Run U2 at ~16 requests: the chain was last measured at 16 alone, beside no speculation's steps there; no
     speculation then ran on, at 15 and 16 requests, in a spell 1.3x slower. Its line had covered 16 only, so its
