@@ -43,15 +43,15 @@ class Line:
     step is not enough: in run U3 no speculation's bucket at 16 was dropped as stale, and the one step observed there
     next, a slow one (15 ms against ~10 at 15), was read as its cost from 16 requests up, so the budget drafted the
     chain at 16 and nothing at 15 for the rest of the pass (a stale bucket is now read at today's speed until fresh
-    steps replace it, :meth:`forget_near`). Nor are old ones: the steps at 2 or 3 requests an engine's
-    start-up drained through, slow as first steps are, read 9.7 ms for a 3.4 ms step at one (run T), and, as they
-    covered it, kept it from being probed there for ~600 steps."""
+    steps replace it, :meth:`forget_near`). Nor are old ones: the steps at 2 or 3 requests an engine's start-up
+    drained through, slow as first steps are, read 9.7 ms for a 3.4 ms step at one (run T), and, as they covered it,
+    kept it from being probed there for ~600 steps."""
 
     fixed: float = 0.0
     per_unit: float = 0.0
     observations: int = 0
     _stats: list = field(default_factory=lambda: [0.0] * 5)  # weighted n, sum x, sum y, sum xx, sum xy
-    # power-of-two bucket of units -> [weighted n, sum x, sum y, observations since the bucket (re)started] in it
+    # power-of-two bucket of units -> [weighted n, sum x, sum y, observations] in it
     _near: dict = field(default_factory=dict)
     _fresh: dict = field(default_factory=dict)  # the same, for buckets being observed afresh (forget_near)
 
