@@ -62,7 +62,7 @@ class Line:
             neighbours = [c for c in (self._centroid(bucket - 1), self._centroid(bucket + 1)) if c is not None]
             if not neighbours:
                 return self.fixed + self.per_unit * units
-            here = min(neighbours, key=lambda c: max(c[0] / units, units / c[0]))
+            here = min(neighbours, key=lambda c: _ratio_apart(c[0], units))
         x, y = here
         there = None if units == x else self._centroid(_bucket(x) + (1 if units > x else -1))
         if there is not None and (there[0] - units) * (units - x) > 0:  # between the two centroids
@@ -159,6 +159,11 @@ def _forgotten(buckets: dict) -> dict:
     return {b: [FORGET * n, FORGET * x, FORGET * y, count] for b, (n, x, y, count) in buckets.items()}
 
 
+def _ratio_apart(a: float, b: float) -> float:
+    """How far apart two batch sizes are, as a ratio (1: the same): nearness in a power-of-two bucketing."""
+    return max(a / b, b / a)
+
+
 def _bucket(units: float) -> int:
     return int(max(units, 1.0)).bit_length()
 
@@ -168,7 +173,7 @@ def nearest_covered(units: int, *lines: Line) -> Optional[int]:
     power-of-two bucket, above and below, that every line covers; None where there is none."""
     units, bucket = max(units, 1), _bucket(units)
     outside = [b for b in (1 << bucket, (1 << (bucket - 1)) - 1) if b >= 1]
-    candidates = [units] + sorted(outside, key=lambda b: max(b / units, units / b))
+    candidates = [units] + sorted(outside, key=lambda b: _ratio_apart(b, units))
     return next((b for b in candidates if all(line.covers(b) for line in lines)), None)
 
 
