@@ -130,8 +130,11 @@ def _run(llm, prompts, lengths, batch, params, read_timings, tokens_prompt) -> d
     spec-decode counters live in one registry per process, and the engines here share one)."""
     from vllm.sampling_params import RequestOutputKind
 
-    params = params.clone()
-    params.output_kind = RequestOutputKind.DELTA  # each step's new tokens
+    by_length = {}
+    for n in set(lengths):  # each output length's parameters, made before the clock starts
+        by_length[n] = params.clone()
+        by_length[n].output_kind = RequestOutputKind.DELTA  # each step's new tokens
+        by_length[n].max_tokens = n
     fresh_prefix_cache(llm)
     timings_before = llm.collective_rpc(read_timings)[0] if read_timings else None
     engine, waiting, tokens = llm.llm_engine, list(range(len(prompts))), [[] for _ in prompts]
@@ -141,9 +144,7 @@ def _run(llm, prompts, lengths, batch, params, read_timings, tokens_prompt) -> d
         while waiting and in_flight < batch:
             i, request_id = waiting.pop(0), f"bench-{next(_REQUEST_IDS)}"
             ids[request_id] = i
-            request_params = params.clone()
-            request_params.max_tokens = lengths[i]
-            engine.add_request(request_id, tokens_prompt(prompt_token_ids=prompts[i]), request_params)
+            engine.add_request(request_id, tokens_prompt(prompt_token_ids=prompts[i]), by_length[lengths[i]])
             in_flight += 1
         engine_steps += 1
         for out in engine.step():
