@@ -40,7 +40,7 @@ def trace_shapes(worker) -> None:
 
 def draft_nothing(worker) -> None:
     from eagle3_plugin.budget import NONE
-    worker.model_runner.budget.shape = lambda batch, seeded=False: NONE
+    worker.model_runner.budget.shape = lambda batch, seeded=False, wave=None: NONE
 
 
 def take_trace(worker) -> list:

@@ -52,6 +52,11 @@ costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs 
 :data:`STALE_STEPS` steps are stale at the batch size it is next run at (its last probe there may have hit a slow
 spell the drift did not see): once a few of its new steps there are in, they are read alone (until then, the stale
 ones at today's speed).
+A closed batch (:mod:`.wave`: its requests joined together on an idle engine, or it drains, nothing replacing the
+requests that end) is judged by when its last request ends instead: each shape's tokens per second are scaled by the
+share a step's rate keeps over the batch's drain, each request moving at its own acceptance; there, no probe of a shape
+that drafts starts (its steps would spread the ends of the whole batch), and a shape whose acceptance mean started
+afresh is read from its few fresh rounds.
 ``budget: "fixed"`` always drafts the configured tree, and so does a step with a seeded request (the draws a round
 makes depend on its shape). ``EAGLE3_BUDGET_LOG=PATH`` makes an auto budget log why it chose what it chose
 (:class:`~eagle3_plugin.budget_log.BudgetLog`).
@@ -70,6 +75,7 @@ from .config import Eagle3Config
 from .sampler import Verdict
 from .speculator import Speculator, TreeShape
 from .tree import DraftTree
+from .wave import RequestAcceptance, Wave, wave_seconds
 
 NONE = TreeShape(1, 1, 1)
 # Steps between probes of a shape that is not being run (doubled after each probe, up to the max).
@@ -79,6 +85,7 @@ PROBE_STEPS = 5  # steps a probe drafts its shape: its first verified step and t
 PROBE_STEPS_MAX = 4 * PROBE_STEPS  # steps a probe of no speculation goes on while its cost is unread (_probe_unread)
 MIN_ROUNDS = 24  # request-rounds before a shape's acceptance is trusted
 MARGIN = 1.1  # expected tokens/s a bigger shape must reach over a smaller one to be chosen
+WAVE_EVERY = 8  # steps between readings of a closed batch's drain (_wave_factor)
 MAX_DRIFT = OUTLIER ** 2  # the most the machine is read to have slowed down (or sped up) since a shape last ran
 
 
@@ -98,6 +105,8 @@ class TreeBudget:
         self.accepted = {s: RoundMean() for s in self.shapes if s != NONE}  # per request-round
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
         self.chain_depths = ChainDepths(config.depth)
+        self.request_accepted = RequestAcceptance()  # each request's own, for closed batches (:mod:`.wave`)
+        self._wave_factors: dict = {}  # shape -> (step, its _wave_factor then), while the batch stays closed
         self.last_run = {s: 0 for s in self.shapes}
         self.last_observed = {s: 0 for s in self.shapes}  # the last step whose cost a shape's line observed
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
@@ -122,35 +131,38 @@ class TreeBudget:
                                                      dtype, device)
         return budget
 
-    def shape(self, batch: int, seeded: bool = False) -> TreeShape:
-        """The shape to draft for ``batch`` requests this step. A batch with a seeded request gets the configured
-        tree: a seeded request repeats its output only when its rounds always draft the same shape."""
+    def shape(self, batch: int, seeded: bool = False, wave: Optional[Wave] = None) -> TreeShape:
+        """The shape to draft for ``batch`` requests this step; ``wave``: the batch is closed, and shapes are judged
+        by when its last request ends (:meth:`wave_tokens_per_second`). A batch with a seeded request gets the
+        configured tree: a seeded request repeats its output only when its rounds always draft the same shape."""
         self.steps += 1
         self._memo = {}
         try:
-            shape = self._choose(batch, seeded)
+            shape = self._choose(batch, seeded, wave)
         finally:
             self._memo = None
         if self.log is not None:
-            self.log.write(self, batch, shape)
+            self.log.write(self, batch, shape, wave)
         return shape
 
-    def _choose(self, batch: int, seeded: bool) -> TreeShape:
+    def _choose(self, batch: int, seeded: bool, wave: Optional[Wave]) -> TreeShape:
         if not self.auto or seeded:
             return self.shapes[0]
         for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
             cost = self.verify_cost[s]
             # (a shape still gathering its first observations is being run already)
             unmeasured_here = cost.observations >= MIN_OBSERVATIONS and not cost.covers(batch)
-            due = self.steps - self.last_run[s] > self.probe_every[s] and (
+            # a closed batch starts no probe of a shape that drafts: it would spread the ends of the whole wave
+            starts = wave is None or s == NONE
+            due = starts and self.steps - self.last_run[s] > self.probe_every[s] and (
                 s == NONE or not self.would_lose(s, batch, below=True))
-            if due or (unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
+            if due or (starts and unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
                        and not self.would_lose(s, batch)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
                 self.probe_batch[s] = batch
                 if s != NONE:  # a probe of no speculation costs a few steps' drafts, and keeps its cost current
                     self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
-            if self.probe_left[s] > 0 or not self._measured(s):
+            if self.probe_left[s] > 0 or not self._measured(s, min_rounds=MIN_ROUNDS if starts else 1):
                 if s != NONE and batch > 2 * self.probe_batch[s] and self.would_lose(s, batch, below=True):
                     self.probe_left[s] = 0  # a probe carried into a load where the shape cannot win: ended
                     continue
@@ -158,7 +170,7 @@ class TreeBudget:
                 if s == NONE and self.probe_left[s] == 0 and self._probe_unread(s, batch):
                     self.probe_left[s] = 1
                 return s
-        best = self.best(batch)
+        best = self.best(batch, wave)
         if best != self.current:
             self._hold_reference(best)
         self.current = best
@@ -214,21 +226,27 @@ class TreeBudget:
         enough_rounds = s == NONE or self.accepted[s].rounds >= min_rounds
         return self.verify_cost[s].observations >= MIN_OBSERVATIONS and enough_rounds
 
-    def best(self, batch: int) -> TreeShape:
-        """The shape expected to be fastest for ``batch`` requests; a shape bigger than the one chosen last must be
-        :data:`MARGIN` faster than the best smaller one, the one chosen last (and smaller ones) only faster: near
-        the margin the budget keeps its shape rather than switch back and forth."""
+    def best(self, batch: int, wave: Optional[Wave] = None) -> TreeShape:
+        """The shape expected to be fastest for ``batch`` requests (for a closed ``wave``, to end it soonest); a shape
+        bigger than the one chosen last must be :data:`MARGIN` faster than the best smaller one, the one chosen last
+        (and smaller ones) only faster: near the margin the budget keeps its shape rather than switch back and forth."""
+        if wave is None:
+            self._wave_factors.clear()
+
+        def merit(s: TreeShape) -> float:
+            return self.tokens_per_second(s, batch) * (1.0 if wave is None else self._wave_factor(s, batch, wave))
+
         best = NONE
         kept = self.shapes.index(self.current)  # it and the shapes after it (smaller) need no margin
         for i in reversed(range(len(self.shapes) - 1)):  # chain, then tree: growing
             margin = 1.0 if i >= kept else MARGIN
-            if self.tokens_per_second(self.shapes[i], batch) > margin * self.tokens_per_second(best, batch):
+            if merit(self.shapes[i]) > margin * merit(best):
                 best = self.shapes[i]
         return best
 
-    def estimates(self, s: TreeShape, batch: int) -> dict:
-        """What the budget expects of ``s`` for ``batch`` requests, and how much it rests on (for :class:`BudgetLog`);
-        no expectations before ``s`` is measured."""
+    def estimates(self, s: TreeShape, batch: int, wave: Optional[Wave] = None) -> dict:
+        """What the budget expects of ``s`` for ``batch`` requests (and a closed ``wave``), and how much it rests on
+        (for :class:`BudgetLog`); no expectations before ``s`` is measured."""
         rounds = self.accepted[s].rounds if s in self.accepted else None
         out = {"observations": self.verify_cost[s].observations, "rounds": rounds}
         if self._measured(s):
@@ -236,6 +254,8 @@ class TreeBudget:
                        verify_ms=round(1e3 * self.verify_seconds(s, batch), 3),
                        draft_ms=round(1e3 * self.draft_seconds(s, batch), 3),
                        accepted=round(self.expected_accepted(s), 3))
+            if wave is not None:
+                out.update(wave_tokens_per_s=round(self.wave_tokens_per_second(s, wave), 1))
         return out
 
     def tokens_per_second(self, s: TreeShape, batch: int, verify_seconds: Optional[float] = None) -> float:
@@ -246,6 +266,31 @@ class TreeBudget:
                                   lambda: self.tokens_per_second(s, batch, self.verify_seconds(s, batch)))
         seconds = verify_seconds + self.draft_seconds(s, batch)
         return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
+
+    def _wave_factor(self, s: TreeShape, batch: int, wave: Wave) -> float:
+        """What share of a step's tokens per second ``s`` keeps until the closed ``wave`` ends: its
+        :meth:`wave_tokens_per_second` over its :meth:`tokens_per_second`, computed every :data:`WAVE_EVERY` steps
+        (~0.3 ms at 32 requests) and applied to each step's estimate in between."""
+        step, factor = self._wave_factors.get(s, (None, 1.0))
+        if step is None or self.steps - step >= WAVE_EVERY:
+            factor = self.wave_tokens_per_second(s, wave) / max(self.tokens_per_second(s, batch), 1e-9)
+            self._wave_factors[s] = (self.steps, factor)
+        return factor
+
+    def wave_tokens_per_second(self, s: TreeShape, wave: Wave) -> float:
+        """Expected tokens per second of ``s`` kept until the closed ``wave``'s last request ends (:mod:`.wave`): each
+        request accepts :meth:`expected_accepted` times its own ratio to the recent mean, and a step costs what one
+        of as many requests as are left costs."""
+        def compute() -> float:
+            per_step = torch.ones(len(wave.requests))
+            if s != NONE:
+                mean = self.accepted[self.chain or self.shapes[0]].value
+                ratios = self._memoized(("ratios",), lambda: self.request_accepted.ratios(wave.requests, mean or 0.0))
+                per_step += (self.expected_accepted(s) * ratios).clamp(0.0, float(s.depth))
+            seconds = wave_seconds(wave.remaining, per_step,
+                                   lambda b: self.verify_seconds(s, b) + self.draft_seconds(s, b))
+            return float(wave.remaining.sum()) / max(seconds, 1e-9)
+        return self._memoized(("wave_tokens_per_second", s), compute)
 
     def expected_accepted(self, s: TreeShape) -> float:
         """Accepted draft tokens per request-round expected of ``s`` now: for the tree, the chain's recent mean
@@ -326,11 +371,13 @@ class TreeBudget:
             self.reference_line = self.verify_cost[self.reference].copy()
 
     def record(self, verified: TreeShape, drafted: TreeShape, trees: Optional[DraftTree], verdict: Optional[Verdict],
-               decode_only: bool, step_seconds: float, draft_seconds: float, batch: int) -> None:
+               decode_only: bool, step_seconds: float, draft_seconds: float, batch: int,
+               requests: Optional[list] = None) -> None:
         """After a step of ``batch`` requests: the shape its trees were drafted with last step (``verified``) and
         this step (``drafted``), the trees verified (``trees [R, N]`` and their ``verdict``, rows whose tree was
         verified whole only: one the scheduler cut near a length limit accepts less than its shape would; None when
-        there is none), whether the step ran no prompt chunk, its seconds and the drafting's part of them.
+        there is none) and their requests' ids (``requests``, for each request's own acceptance), whether the step
+        ran no prompt chunk, its seconds and the drafting's part of them.
 
         A step that switched shape (it drafted another shape than it verified, or verified another than the step
         before) is not a cost observation: its costs are the switch's (module docstring). An observed cost is kept as
@@ -362,16 +409,21 @@ class TreeBudget:
         if trees is None or verdict is None or verdict.num_accepted.numel() == 0 or trees.size <= 1:
             return
         self.accepted[verified].observe(verdict.num_accepted, self.steps)
-        if self.chain is None:
-            return
-        if verified == self.chain:
+        chain_accepted = verdict.num_accepted
+        if self.chain is not None and verified == self.chain:
             self.chain_depths.observe(verdict.num_accepted, torch.full_like(verdict.num_accepted, self.chain.depth))
-            return
-        chain_accepted, held = _chain_accepted(trees, verdict.accepted)
-        self.chain_depths.observe(chain_accepted, held)
-        chain_accepted = self.chain_depths.completed(chain_accepted, held)
-        self.accepted[self.chain].observe(chain_accepted, self.steps)
-        self.chain_in_tree.observe(chain_accepted, self.steps)
+        elif self.chain is not None:
+            chain_accepted, held = _chain_accepted(trees, verdict.accepted)
+            self.chain_depths.observe(chain_accepted, held)
+            chain_accepted = self.chain_depths.completed(chain_accepted, held)
+            self.accepted[self.chain].observe(chain_accepted, self.steps)
+            self.chain_in_tree.observe(chain_accepted, self.steps)
+        if requests is not None:
+            self.request_accepted.observe(requests, chain_accepted)
+
+    def finished(self, requests) -> None:
+        """``requests`` ended (or were dropped): their own acceptance stands for requests to come (:mod:`.wave`)."""
+        self.request_accepted.forget(requests)
 
 
 class PendingRecord:

@@ -26,12 +26,14 @@ class BudgetLog:
         path = os.environ.get(LOG_ENV)
         return cls(path) if path else None
 
-    def write(self, budget, batch: int, shape: TreeShape) -> None:
-        """After ``budget`` (a :class:`TreeBudget`) chose ``shape`` for ``batch`` requests."""
+    def write(self, budget, batch: int, shape: TreeShape, wave=None) -> None:
+        """After ``budget`` (a :class:`TreeBudget`) chose ``shape`` for ``batch`` requests (a closed ``wave``: a
+        :class:`~eagle3_plugin.wave.Wave`, judged by when its last request ends)."""
         if budget.steps % LOG_EVERY and shape == self._last:
             return
         self._last = shape
         line = {"step": budget.steps, "batch": batch, "drafted": shape.label, "chosen": budget.current.label,
-                "shapes": {s.label: budget.estimates(s, batch) for s in budget.shapes}}
+                "closed": wave is not None,
+                "shapes": {s.label: budget.estimates(s, batch, wave) for s in budget.shapes}}
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")

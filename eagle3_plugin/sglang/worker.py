@@ -41,6 +41,7 @@ from ..sampler import SamplingParams
 from ..speculator import DraftKV, DraftRows, Speculator, TreeShape
 from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
+from ..wave import IDLE_SECONDS, QuietBatch, Wave
 from . import capture, settings
 from .verify import TreeVerifyInput, build_verify_input
 
@@ -86,6 +87,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._pending_record = PendingRecord(self.budget)  # the last decode step's record, until its length shows
         self.proposed = ProposedTrees()
         self._batch_rids: list = []  # the requests of the last step, in order
+        self._quiet = QuietBatch()
+        self._last_step_end = float("-inf")  # when the last step's drafting ended (perf_counter)
         self._drafted: TreeShape | None = None  # the shape drafted by the last step, if it was a decode step
         self.vocab_size = vocab
         self._generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed or 0)
@@ -102,11 +105,12 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle():
             raise NotImplementedError("eagle3-plugin's SGLang worker does not run idle (DP) batches")
+        idle = time.perf_counter() - self._last_step_end > IDLE_SECONDS
         with torch.inference_mode():
             if batch.forward_mode.is_extend():
-                result = self._prefill(batch)
+                result = self._prefill(batch, idle)
             else:
-                result = self._decode(batch, grammar_barrier)
+                result = self._decode(batch, grammar_barrier, idle)
         self.timings.steps += 1
         if self._timings_file:
             self.timings.write(self._timings_file)
@@ -114,7 +118,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             on_publish(result.new_seq_lens)
         return result
 
-    def _prefill(self, batch):
+    def _prefill(self, batch, idle: bool):
         self._pending_record.release(None)
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.NULL)
         features = self.capture.features
@@ -132,13 +136,13 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
         rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features, src)
-        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch))
+        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, idle)
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
-    def _decode(self, batch, grammar_barrier):
+    def _decode(self, batch, grammar_barrier, idle: bool):
         began = time.perf_counter()
         self._pending_record.release(began)
         rids = [req.rid for req in batch.reqs]
@@ -158,15 +162,15 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         count = verdict.num_accepted + 1
         nodes = rows[:, None] * n + verdict.accepted.clamp(min=0)
         verified = self._drafted
-        drafted, draft_seconds = self._propose(rids, DraftRows(self._slots(batch, root_position + count), root_position,
-                                                               count, verdict.emitted(trees).clamp(min=0),
-                                                               self.capture.features, nodes), params, random)
+        rows = DraftRows(self._slots(batch, root_position + count), root_position, count,
+                         verdict.emitted(trees).clamp(min=0), self.capture.features, nodes)
+        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, idle)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             if verified.total_tokens == 1:  # nothing was verified: no acceptance to record
                 trees = verdict = None
             self._pending_record.hold(began, verified=verified, drafted=drafted, trees=trees, verdict=verdict,
-                                      draft_seconds=draft_seconds, batch=len(rids))
+                                      requests=rids, draft_seconds=draft_seconds, batch=len(rids))
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
 
@@ -181,24 +185,41 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             num_draft_tokens=batch.spec_info.draft_token_num, device=self.device, metadata_ready_pre_pad=False,
             finalize_tree_path=True, grammar_barrier=grammar_barrier)
 
-    def _propose(self, rids: list, rows: DraftRows, params: SamplingParams,
-                 random: RowRandom) -> tuple[TreeShape, float]:
+    def _propose(self, rids: list, rows: DraftRows, params: SamplingParams, random: RowRandom, batch,
+                 idle: bool) -> tuple[TreeShape, float]:
         """Catch every request (``rids``, the batch's order) up on ``rows`` (the draft's KV into SGLang's draft pool)
-        and keep its next tree, of the shape the budget picks (the root alone for none); returns that shape and the
+        and keep its next tree, of the shape the budget picks (the root alone for none; ``idle``: the engine ran no
+        step for a while before this one, :class:`~eagle3_plugin.wave.QuietBatch`); returns that shape and the
         seconds it took."""
         began = time.perf_counter()
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
+        joined = batch.forward_mode.is_extend() or not set(rids) <= set(self._batch_rids)
+        ended = not set(self._batch_rids) <= set(rids)
         if rids != self._batch_rids:  # requests came or went: their slots may change owner, deferred entries land
             self.speculator.flush()
             self._batch_rids = rids
-        shape = self.budget.shape(len(rids), seeded=bool(random.rows))
+        wave = None
+        closed = self._quiet.closed(joined, ended, idle)
+        if closed and self.budget.auto and len(rids) > 1:
+            wave = Wave(rids, self._remaining_tokens(batch))
+        shape = self.budget.shape(len(rids), seeded=bool(random.rows), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
         trees = self.speculator.step(self._draft_kv, rows, params, random, shape)
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
-        seconds = time.perf_counter() - began
+        self._last_step_end = time.perf_counter()
+        seconds = self._last_step_end - began
         self.timings.draft += seconds
         return shape, seconds
+
+    def _remaining_tokens(self, batch) -> torch.Tensor:
+        """``[B]``: the most tokens each request may still emit (its ``max_new_tokens``, within the context)."""
+        context = self.target_worker.model_runner.model_config.context_len
+        room = [context - len(req.origin_input_ids) - len(req.output_ids) for req in batch.reqs]
+        limit = [r if req.sampling_params.max_new_tokens is None
+                 else min(r, req.sampling_params.max_new_tokens - len(req.output_ids))
+                 for r, req in zip(room, batch.reqs)]
+        return torch.tensor(limit).clamp(min=1)
 
     def _slots(self, batch, length: torch.Tensor) -> torch.Tensor:
         """``[B, L]``: the KV slot of each request's positions ``0 .. L - 1`` (SGLang's ``req_to_token``)."""
@@ -240,6 +261,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
 
     def _forget(self, rid: str) -> None:
         self.proposed.drop([rid])
+        self.budget.finished([rid])
         self._seeded.pop(rid, None)
         self._known.discard(rid)
 

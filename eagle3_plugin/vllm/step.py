@@ -33,6 +33,7 @@ class Step:
     tree: DraftTree
     tree_attention: Optional[TreeAttention]
     joined: bool = False  # a request joined the batch this step (new, or resumed after preemption)
+    ended: bool = False  # a request ended since the last step
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
     began: float = 0.0  # when the step's preparation began (perf_counter)
@@ -74,13 +75,14 @@ class Step:
         spec = scheduler_output.scheduled_spec_decode_tokens
         prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
         joined = bool(scheduler_output.scheduled_new_reqs or scheduler_output.scheduled_cached_reqs.resumed_req_ids)
+        ended = bool(scheduler_output.finished_req_ids)
         if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
             roots = torch.zeros(b, dtype=torch.long)
             return cls(req_ids, base, flat_start, count, torch.ones_like(roots), prefilling, DraftTree.root_only(roots),
-                       None, joined)
+                       None, joined, ended)
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         tree = _trees(pending, req_ids, node_count)
-        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined)
+        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined, ended)
         has_tree = node_count > 1
         if bool(has_tree.any()):
             step._check_scheduled_tokens(runner.input_ids.cpu)
@@ -197,6 +199,16 @@ def _last_tokens(step: Step, runner) -> torch.Tensor:
     rows = torch.arange(step.num_reqs)
     next_prompt = token_ids[rows, (step.base + step.count).clamp(max=token_ids.shape[1] - 1)].long()
     return torch.where(step.prefilling, next_prompt, emitted)
+
+
+def remaining_tokens(runner, num_reqs: int) -> torch.Tensor:
+    """``[B]``: the most tokens each row's request may still emit (its ``max_tokens``, within the model's length)."""
+    batch = runner.input_batch
+    room = runner.max_model_len - torch.from_numpy(batch.num_tokens_no_spec[:num_reqs]).long()
+    limits = [runner.requests[r].sampling_params.max_tokens for r in batch.req_ids[:num_reqs]]
+    emitted = torch.from_numpy(batch.num_tokens_no_spec[:num_reqs] - batch.num_prompt_tokens[:num_reqs]).long()
+    limit = torch.tensor([runner.max_model_len if n is None else n for n in limits]) - emitted
+    return torch.minimum(limit, room).clamp(min=1)
 
 
 def sampling_params(metadata, num_reqs: int, vocab_size: int) -> SamplingParams:

@@ -34,10 +34,11 @@ from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..speculator import Speculator, TreeShape
 from ..timings import PluginTimings
+from ..wave import IDLE_SECONDS, QuietBatch, Wave
 from . import draft_handoff, paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
-from .step import Step, draft_entries, draft_rows, sampling_params
+from .step import Step, draft_entries, draft_rows, remaining_tokens, sampling_params
 
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -84,6 +85,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self.budget = TreeBudget.for_speculator(self.speculator, self.model_config.dtype, self.device)
         self._pending_record = PendingRecord(self.budget)  # the last step's record, until the next step starts
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
+        self._quiet = QuietBatch()
+        self._last_step_end = float("-inf")  # when the last step's drafting ended (perf_counter)
         self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
         from vllm.model_executor.layers.attention import Attention
         self._target_layers = {m.layer_name for m in self.model.modules() if isinstance(m, Attention)}
@@ -108,6 +111,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
     def _update_states(self, scheduler_output):
         if self.eagle3 is not None:
             self._pending.drop(scheduler_output.finished_req_ids)
+            self.budget.finished(scheduler_output.finished_req_ids)
             if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
                 began = time.perf_counter()  # their blocks may change owner this step: deferred entries land first
                 self.speculator.flush()
@@ -214,7 +218,12 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         began = time.perf_counter()
         step, batch = self._step, self.input_batch
         table = batch.block_table.block_tables[self._draft_group]
-        shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators))
+        idle = step.began - self._last_step_end > IDLE_SECONDS
+        closed = self._quiet.closed(step.joined or not step.decode_only, step.ended, idle)
+        wave = None
+        if closed and self.budget.auto and step.num_reqs > 1:
+            wave = Wave(step.req_ids, remaining_tokens(self, step.num_reqs))
+        shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
         captured = (step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
                     table.block_size)
@@ -233,16 +242,18 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             drafts = tree.tokens[:, 1:].tolist()
             for row in step.prefilling_rows():
                 drafts[row] = []
-        ended = time.perf_counter()
+        ended = self._last_step_end = time.perf_counter()
         self.timings.draft += ended - began
         if self._pending_record.wanted:
-            trees = verdict = None
+            trees = verdict = requests = None
             if self._drafted.total_tokens > 1:
                 whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
                 if bool(whole.any()):
                     trees, verdict = step.tree.select(whole), step.verdict.select(whole)
+                    requests = [step.req_ids[row] for row in torch.nonzero(whole)[:, 0].tolist()]
             self._pending_record.hold(step.began, verified=self._drafted, drafted=shape, trees=trees, verdict=verdict,
-                                      decode_only=step.decode_only, draft_seconds=ended - began, batch=step.num_reqs)
+                                      requests=requests, decode_only=step.decode_only, draft_seconds=ended - began,
+                                      batch=step.num_reqs)
         self._drafted = shape
         return drafts
 

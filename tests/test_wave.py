@@ -1,0 +1,86 @@
+"""Closed batches (``eagle3_plugin/wave.py``): a batch nothing joins is judged by when its last request ends, each
+request moving at its own acceptance, not by tokens per step."""
+
+import pytest
+import torch
+
+from eagle3_plugin.budget import NONE, TreeBudget
+from eagle3_plugin.budget_estimates import STALE_STEPS, Line
+from eagle3_plugin.wave import (POOL_MIN, POOL_ROUNDS, PRIOR_ROUNDS, QUIET_STEPS, QuietBatch, RequestAcceptance, Wave,
+                                wave_seconds)
+from test_budget import CONFIG, fitted, seed_acceptance
+
+
+def test_a_batch_is_closed_when_its_requests_joined_together_on_an_idle_engine_or_it_drains():
+    burst = QuietBatch()  # prompts joining an idle engine, over two steps of prompt chunks
+    assert burst.closed(True, False, idle=True) and burst.closed(True, False, idle=False)
+    assert burst.closed(False, True, idle=False)  # it drains: still closed
+    assert not burst.closed(True, True, idle=False)  # requests that end are replaced: a stream's refill
+    steps = [burst.closed(False, False, idle=False) for _ in range(QUIET_STEPS)]
+    assert not any(steps)  # nothing ended: a full batch whose requests would be replaced
+    steps = [burst.closed(False, ended, idle=False) for ended in [True] + [False] * QUIET_STEPS]
+    assert steps == [False] * QUIET_STEPS + [True]  # a request ended, and none joined in as many steps: it drains
+
+
+def test_a_wave_lasts_until_its_last_request_ends_over_ever_smaller_steps():
+    cost = {3: 0.030, 2: 0.020, 1: 0.010}
+    # ends after 2, 2 and 5 steps (5 tokens at 1 a step): 2 steps of 3 requests, then 3 of 1
+    seconds = wave_seconds(torch.tensor([4, 6, 5]), torch.tensor([2.0, 3.0, 1.0]), cost.__getitem__)
+    assert seconds == pytest.approx(2 * 0.030 + 3 * 0.010)
+
+
+def test_a_request_is_read_at_its_own_acceptance_shrunk_toward_the_mean():
+    acceptance = RequestAcceptance()
+    acceptance.observe(["easy", "hard"], torch.tensor([4, 0]))
+    ratios = acceptance.ratios(["easy", "hard", "new"], mean=2.0)
+    assert ratios.tolist() == pytest.approx([(4 + PRIOR_ROUNDS * 2) / ((1 + PRIOR_ROUNDS) * 2),
+                                             PRIOR_ROUNDS / (1 + PRIOR_ROUNDS), 1.0])
+
+
+def test_requests_not_drafted_for_yet_stand_for_the_spread_of_those_that_ended():
+    acceptance = RequestAcceptance()
+    ended = [f"r{i}" for i in range(POOL_MIN)]
+    for _ in range(POOL_ROUNDS):
+        acceptance.observe(ended, torch.tensor([0, 1, 2, 3, 3, 4, 5, 6][:POOL_MIN]))
+    acceptance.forget(ended + ["never drafted"])
+    assert len(acceptance.pool) == POOL_MIN
+    ratios = acceptance.ratios(["a", "b"], mean=3.0)  # unknown: the pool's quartiles over its mean
+    pool = torch.tensor(list(acceptance.pool))
+    assert ratios.tolist() == pytest.approx((torch.quantile(pool, torch.tensor([0.25, 0.75])) / pool.mean()).tolist())
+
+
+def closed_wave_budget(spread: bool):
+    """Batch 32, each step costing 10 ms without speculation and 28 ms with the chain (accepting 2.3 a round on
+    average): a step alone favours the chain, 32 x 3.3 / 28 ms against 32 / 10 ms (1.18x). ``spread``: ended requests
+    accepted from 0.3 to 4.3 a round (those of a wave do too); otherwise all alike."""
+    budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    budget.verify_cost = {tree: fitted(0.100, 0.0), chain: fitted(0.0005, 0.0008625), NONE: fitted(0.002, 0.00025)}
+    seed_acceptance(budget, tree=2.3, chain=2.3)
+    ended = [f"ended{i}" for i in range(32)]
+    per_request = torch.linspace(0.3, 4.3, 32) if spread else torch.full((32,), 2.3)
+    for _ in range(POOL_ROUNDS):
+        budget.request_accepted.observe(ended, per_request)
+    budget.finished(ended)
+    return budget, chain
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_a_closed_batch_whose_requests_accept_unevenly_drafts_nothing_where_a_step_alone_would_draft(spread):
+    budget, chain = closed_wave_budget(spread)
+    wave = Wave([f"new{i}" for i in range(32)], torch.full((32,), 96))
+    assert budget.tokens_per_second(chain, 32) > 1.1 * budget.tokens_per_second(NONE, 32)
+    assert budget.shape(32) == chain  # a stream of requests: each step judged alone
+    # closed: with the spread, the hardest requests drain over chain steps few requests share; alike, all end together
+    assert budget.shape(32, wave=wave) == (NONE if spread else chain)
+
+
+def test_a_closed_batch_starts_no_probe_of_a_shape_that_drafts():
+    """A probe's few steps of the chain would spread the ends of the whole wave: it waits for a batch that is open.
+    Nor is a shape probed there because its acceptance mean started afresh: its few fresh rounds are read."""
+    budget, chain = closed_wave_budget(spread=True)
+    budget.last_run[chain] = -10 ** 6  # long due
+    budget.accepted[chain].observe(torch.tensor([2.3]), budget.steps + STALE_STEPS + 1)  # starts afresh: one round
+    wave = Wave([f"new{i}" for i in range(32)], torch.full((32,), 96))
+    assert budget.shape(32, wave=wave) == NONE and budget.last_probe[chain] < 0
+    assert budget.shape(32) == chain and budget.last_probe[chain] == budget.steps
