@@ -42,16 +42,21 @@ class QuietBatch:
     prompts, a burst; nothing ran for :data:`IDLE_SECONDS` before) and none has joined since, or a request ended and
     none joined in the :data:`QUIET_STEPS` steps since (the batch drains). Requests joining where others just ended
     refill the batch, as under a stream (a server's clients, a benchmark keeping N requests in flight): open. A shim
-    calls :meth:`closed` once per step."""
+    calls :meth:`closed` once per step, with whether requests wait in its scheduler where it knows."""
 
     def __init__(self):
         self.draining: Optional[int] = None  # steps since a request ended with none joining after it
         self.burst = False  # the requests joining now began joining on an idle engine
         self.wave = False  # the batch is such a burst, and nothing joined since
 
-    def closed(self, joined: bool, ended: bool, idle: bool) -> bool:
+    def closed(self, joined: bool, ended: bool, idle: bool, waiting: bool = False) -> bool:
         """``joined``: a request joined this step (or is still running its prompt); ``ended``: a request ended since
-        the last step; ``idle``: the engine ran no step for :data:`IDLE_SECONDS` before this one."""
+        the last step; ``idle``: the engine ran no step for :data:`IDLE_SECONDS` before this one; ``waiting``: the
+        engine's scheduler holds requests that will refill the batch (open, whatever came before)."""
+        if waiting:
+            self.burst = self.wave = False
+            self.draining = None
+            return False
         if joined:
             self.burst = idle or (self.burst and not ended)
             self.wave, self.draining = self.burst, None

@@ -20,6 +20,9 @@ def test_a_batch_is_closed_when_its_requests_joined_together_on_an_idle_engine_o
     assert not any(steps)  # nothing ended: a full batch whose requests would be replaced
     steps = [burst.closed(False, ended, idle=False) for ended in [True] + [False] * QUIET_STEPS]
     assert steps == [False] * QUIET_STEPS + [True]  # a request ended, and none joined in as many steps: it drains
+    queued = QuietBatch()  # more requests wait in the engine's scheduler: they refill the batch as requests end
+    assert not queued.closed(True, False, idle=True, waiting=True)
+    assert not any(queued.closed(False, True, idle=False, waiting=True) for _ in range(2 * QUIET_STEPS))
 
 
 def test_a_wave_lasts_until_its_last_request_ends_over_ever_smaller_steps():

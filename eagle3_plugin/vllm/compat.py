@@ -56,6 +56,9 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", ("scheduler_output", "model_runner_output")),
     ("vllm.v1.core.sched.scheduler", "Scheduler.update_draft_token_ids", ("draft_token_ids",)),
     ("vllm.v1.engine.core", "EngineCore.post_step", ("model_executed",)),
+    # how many requests wait, with each step (waiting)
+    ("vllm.v1.core.sched.scheduler", "Scheduler.schedule", ()),
+    ("vllm.v1.core.sched.scheduler", "Scheduler.get_request_counts", ()),
     ("vllm.v1.core.sched.output", "SchedulerOutput", ("scheduled_new_reqs", "scheduled_cached_reqs",
                                                       "scheduled_spec_decode_tokens", "finished_req_ids",
                                                       "preempted_req_ids", "has_structured_output_requests")),

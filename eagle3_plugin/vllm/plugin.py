@@ -12,7 +12,7 @@ def register() -> None:
     from .compat import check_vllm
 
     version = check_vllm()
-    from . import admission, capture, cpu_sampling, draft_handoff, speculative, tree_attention, tree_runner
+    from . import admission, capture, cpu_sampling, draft_handoff, speculative, tree_attention, tree_runner, waiting
 
     cpu_sampling.install()
     capture.install()
@@ -20,6 +20,7 @@ def register() -> None:
     tree_attention.install()
     tree_runner.install()
     draft_handoff.install()
+    waiting.install()
     admission.install()
     logger.info("eagle3-plugin registered on vLLM %s: tree worker, request admission, CPU speculative-sampling fix, "
                 "capture for any target", version)

@@ -20,6 +20,7 @@ from ..speculator import DraftEntries, DraftRows
 from ..tree import DraftTree
 from .paged_kv import block_slots
 from .tree_attention import TreeAttention
+from .waiting import waiting as waiting_requests
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Step:
     tree_attention: Optional[TreeAttention]
     joined: bool = False  # a request joined the batch this step (new, or resumed after preemption)
     ended: bool = False  # a request ended since the last step
+    waiting: bool = False  # requests wait in the scheduler: the batch is refilled as its requests end
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
     began: float = 0.0  # when the step's preparation began (perf_counter)
@@ -75,14 +77,14 @@ class Step:
         spec = scheduler_output.scheduled_spec_decode_tokens
         prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
         joined = bool(scheduler_output.scheduled_new_reqs or scheduler_output.scheduled_cached_reqs.resumed_req_ids)
-        ended = bool(scheduler_output.finished_req_ids)
+        ended, waiting = bool(scheduler_output.finished_req_ids), waiting_requests(scheduler_output) > 0
         if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
             roots = torch.zeros(b, dtype=torch.long)
             return cls(req_ids, base, flat_start, count, torch.ones_like(roots), prefilling, DraftTree.root_only(roots),
-                       None, joined, ended)
+                       None, joined, ended, waiting)
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
         tree = _trees(pending, req_ids, node_count)
-        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined, ended)
+        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined, ended, waiting)
         has_tree = node_count > 1
         if bool(has_tree.any()):
             step._check_scheduled_tokens(runner.input_ids.cpu)

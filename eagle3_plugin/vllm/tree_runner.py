@@ -219,7 +219,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         step, batch = self._step, self.input_batch
         table = batch.block_table.block_tables[self._draft_group]
         idle = step.began - self._last_step_end > IDLE_SECONDS
-        closed = self._quiet.closed(step.joined or not step.decode_only, step.ended, idle)
+        closed = self._quiet.closed(step.joined or not step.decode_only, step.ended, idle, step.waiting)
         wave = None
         if closed and self.budget.auto and step.num_reqs > 1:
             wave = Wave(step.req_ids, remaining_tokens(self, step.num_reqs))
