@@ -31,8 +31,8 @@ def trace_shapes(worker) -> None:
     runner = worker.model_runner
     runner.shape_trace, choose = [], runner.budget.shape
 
-    def shape(batch, seeded=False):
-        chosen = choose(batch, seeded)
+    def shape(batch, seeded=False, wave=None):
+        chosen = choose(batch, seeded, wave)
         runner.shape_trace.append((batch, chosen))
         return chosen
     runner.budget.shape = shape
