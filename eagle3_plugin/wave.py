@@ -42,31 +42,44 @@ class QuietBatch:
     prompts, a burst; nothing ran for :data:`IDLE_SECONDS` before) and none has joined since, or a request ended and
     none joined in the :data:`QUIET_STEPS` steps since (the batch drains). Requests joining where others just ended
     refill the batch, as under a stream (a server's clients, a benchmark keeping N requests in flight): open. A shim
-    calls :meth:`closed` once per step, with whether requests wait in its scheduler where it knows."""
+    calls :meth:`wave` once per step, with whether requests wait in its scheduler where it knows, and
+    :meth:`step_ended` after it."""
 
     def __init__(self):
+        self.last_step_end = float("-inf")  # when the last step ended (perf_counter)
         self.draining: Optional[int] = None  # steps since a request ended with none joining after it
         self.burst = False  # the requests joining now began joining on an idle engine
-        self.wave = False  # the batch is such a burst, and nothing joined since
+        self.started_together = False  # the batch is such a burst, and nothing joined since
+
+    def wave(self, requests: list, remaining: Callable[[], torch.Tensor], joined: bool, ended: bool, began: float,
+             waiting: bool = False) -> Optional["Wave"]:
+        """The batch of ``requests`` as a :class:`Wave` (``remaining()``: their tokens left, read only then) when it is
+        closed and runs more than one request, else None; ``began``: when this step began (perf_counter), and the
+        rest as :meth:`closed` takes them."""
+        closed = self.closed(joined, ended, began - self.last_step_end > IDLE_SECONDS, waiting)
+        return Wave(requests, remaining()) if closed and len(requests) > 1 else None
+
+    def step_ended(self, now: float) -> None:
+        self.last_step_end = now
 
     def closed(self, joined: bool, ended: bool, idle: bool, waiting: bool = False) -> bool:
         """``joined``: a request joined this step (or is still running its prompt); ``ended``: a request ended since
         the last step; ``idle``: the engine ran no step for :data:`IDLE_SECONDS` before this one; ``waiting``: the
         engine's scheduler holds requests that will refill the batch (open, whatever came before)."""
         if waiting:
-            self.burst = self.wave = False
+            self.burst = self.started_together = False
             self.draining = None
             return False
         if joined:
             self.burst = idle or (self.burst and not ended)
-            self.wave, self.draining = self.burst, None
+            self.started_together, self.draining = self.burst, None
         else:
             self.burst = False
             if self.draining is not None:
                 self.draining += 1
             elif ended:
                 self.draining = 0
-        return self.wave or (self.draining is not None and self.draining >= QUIET_STEPS)
+        return self.started_together or (self.draining is not None and self.draining >= QUIET_STEPS)
 
 
 class RequestAcceptance:

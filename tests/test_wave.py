@@ -6,8 +6,8 @@ import torch
 
 from eagle3_plugin.budget import NONE, TreeBudget
 from eagle3_plugin.budget_estimates import STALE_STEPS, Line
-from eagle3_plugin.wave import (POOL_MIN, POOL_ROUNDS, PRIOR_ROUNDS, QUIET_STEPS, QuietBatch, RequestAcceptance, Wave,
-                                wave_seconds)
+from eagle3_plugin.wave import (IDLE_SECONDS, POOL_MIN, POOL_ROUNDS, PRIOR_ROUNDS, QUIET_STEPS, QuietBatch,
+                                RequestAcceptance, Wave, wave_seconds)
 from test_budget import CONFIG, fitted, seed_acceptance
 
 
@@ -87,3 +87,21 @@ def test_a_closed_batch_starts_no_probe_of_a_shape_that_drafts():
     wave = Wave([f"new{i}" for i in range(32)], torch.full((32,), 96))
     assert budget.shape(32, wave=wave) == NONE and budget.last_probe[chain] < 0
     assert budget.shape(32) == chain and budget.last_probe[chain] == budget.steps
+
+
+def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
+    """:meth:`QuietBatch.wave` reads the engine idle from the gap since :meth:`QuietBatch.step_ended`, and the
+    requests' tokens left only when it returns a wave."""
+    quiet, read = QuietBatch(), []
+
+    def remaining():
+        read.append(True)
+        return torch.tensor([5, 7])
+
+    wave = quiet.wave(["a", "b"], remaining, joined=True, ended=False, began=100.0)  # no step before: idle
+    assert wave is not None and wave.requests == ["a", "b"] and wave.remaining.tolist() == [5, 7]
+    quiet.step_ended(100.01)
+    assert quiet.wave(["a"], remaining, joined=False, ended=False, began=100.02) is None and len(read) == 1
+    quiet.step_ended(100.03)
+    refill = quiet.wave(["a", "c"], remaining, joined=True, ended=True, began=100.03 + IDLE_SECONDS / 2)
+    assert refill is None and len(read) == 1  # a request joined where one just ended, the engine busy: open

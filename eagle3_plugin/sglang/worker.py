@@ -41,7 +41,7 @@ from ..sampler import SamplingParams
 from ..speculator import DraftKV, DraftRows, Speculator, TreeShape
 from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
-from ..wave import IDLE_SECONDS, QuietBatch, Wave
+from ..wave import QuietBatch
 from . import capture, settings
 from .verify import TreeVerifyInput, build_verify_input
 
@@ -88,7 +88,6 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self.proposed = ProposedTrees()
         self._batch_rids: list = []  # the requests of the last step, in order
         self._quiet = QuietBatch()
-        self._last_step_end = float("-inf")  # when the last step's drafting ended (perf_counter)
         self._drafted: TreeShape | None = None  # the shape drafted by the last step, if it was a decode step
         self.vocab_size = vocab
         self._generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed or 0)
@@ -105,12 +104,12 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle():
             raise NotImplementedError("eagle3-plugin's SGLang worker does not run idle (DP) batches")
-        idle = time.perf_counter() - self._last_step_end > IDLE_SECONDS
+        step_began = time.perf_counter()
         with torch.inference_mode():
             if batch.forward_mode.is_extend():
-                result = self._prefill(batch, idle)
+                result = self._prefill(batch, step_began)
             else:
-                result = self._decode(batch, grammar_barrier, idle)
+                result = self._decode(batch, grammar_barrier, step_began)
         self.timings.steps += 1
         if self._timings_file:
             self.timings.write(self._timings_file)
@@ -118,7 +117,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             on_publish(result.new_seq_lens)
         return result
 
-    def _prefill(self, batch, idle: bool):
+    def _prefill(self, batch, step_began: float):
         self._pending_record.release(None)
         result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.NULL)
         features = self.capture.features
@@ -136,13 +135,13 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
         rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features, src)
-        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, idle)
+        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, step_began)
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
         return result
 
-    def _decode(self, batch, grammar_barrier, idle: bool):
+    def _decode(self, batch, grammar_barrier, step_began: float):
         began = time.perf_counter()
         self._pending_record.release(began)
         rids = [req.rid for req in batch.reqs]
@@ -164,7 +163,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         verified = self._drafted
         rows = DraftRows(self._slots(batch, root_position + count), root_position, count,
                          verdict.emitted(trees).clamp(min=0), self.capture.features, nodes)
-        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, idle)
+        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, step_began)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             if verified.total_tokens == 1:  # nothing was verified: no acceptance to record
@@ -186,11 +185,10 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             finalize_tree_path=True, grammar_barrier=grammar_barrier)
 
     def _propose(self, rids: list, rows: DraftRows, params: SamplingParams, random: RowRandom, batch,
-                 idle: bool) -> tuple[TreeShape, float]:
+                 step_began: float) -> tuple[TreeShape, float]:
         """Catch every request (``rids``, the batch's order) up on ``rows`` (the draft's KV into SGLang's draft pool)
-        and keep its next tree, of the shape the budget picks (the root alone for none; ``idle``: the engine ran no
-        step for a while before this one, :class:`~eagle3_plugin.wave.QuietBatch`); returns that shape and the
-        seconds it took."""
+        and keep its next tree, of the shape the budget picks (the root alone for none; ``step_began``: when the step
+        began, for :class:`~eagle3_plugin.wave.QuietBatch`); returns that shape and the seconds it took."""
         began = time.perf_counter()
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
@@ -200,15 +198,15 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             self.speculator.flush()
             self._batch_rids = rids
         wave = None
-        closed = self._quiet.closed(joined, ended, idle)
-        if closed and self.budget.auto and len(rids) > 1:
-            wave = Wave(rids, self._remaining_tokens(batch))
+        if self.budget.auto:
+            wave = self._quiet.wave(rids, lambda: self._remaining_tokens(batch), joined, ended, step_began)
         shape = self.budget.shape(len(rids), seeded=bool(random.rows), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
         trees = self.speculator.step(self._draft_kv, rows, params, random, shape)
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
-        self._last_step_end = time.perf_counter()
-        seconds = self._last_step_end - began
+        ended_at = time.perf_counter()
+        self._quiet.step_ended(ended_at)
+        seconds = ended_at - began
         self.timings.draft += seconds
         return shape, seconds
 

@@ -34,7 +34,7 @@ from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..speculator import Speculator, TreeShape
 from ..timings import PluginTimings
-from ..wave import IDLE_SECONDS, QuietBatch, Wave
+from ..wave import QuietBatch
 from . import draft_handoff, paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
@@ -86,7 +86,6 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self._pending_record = PendingRecord(self.budget)  # the last step's record, until the next step starts
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
         self._quiet = QuietBatch()
-        self._last_step_end = float("-inf")  # when the last step's drafting ended (perf_counter)
         self._generator = torch.Generator(device=self.device).manual_seed(self.model_config.seed or 0)
         from vllm.model_executor.layers.attention import Attention
         self._target_layers = {m.layer_name for m in self.model.modules() if isinstance(m, Attention)}
@@ -218,11 +217,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         began = time.perf_counter()
         step, batch = self._step, self.input_batch
         table = batch.block_table.block_tables[self._draft_group]
-        idle = step.began - self._last_step_end > IDLE_SECONDS
-        closed = self._quiet.closed(step.joined or not step.decode_only, step.ended, idle, step.waiting)
         wave = None
-        if closed and self.budget.auto and step.num_reqs > 1:
-            wave = Wave(step.req_ids, remaining_tokens(self, step.num_reqs))
+        if self.budget.auto:
+            wave = self._quiet.wave(step.req_ids, lambda: remaining_tokens(self, step.num_reqs),
+                                    step.joined or not step.decode_only, step.ended, step.began, step.waiting)
         shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
         captured = (step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
@@ -242,7 +240,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             drafts = tree.tokens[:, 1:].tolist()
             for row in step.prefilling_rows():
                 drafts[row] = []
-        ended = self._last_step_end = time.perf_counter()
+        ended = time.perf_counter()
+        self._quiet.step_ended(ended)
         self.timings.draft += ended - began
         if self._pending_record.wanted:
             trees = verdict = requests = None
