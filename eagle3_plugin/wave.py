@@ -21,6 +21,7 @@ import torch
 
 QUIET_STEPS = 8  # steps without a request joining, after one ended, before a batch is read as draining
 IDLE_SECONDS = 0.1  # a gap between steps this long: the engine was idle (a refill by a client comes sooner)
+WARM_STEPS = 64  # steps after an idle gap that may still run slow (:attr:`QuietBatch.warming`)
 PRIOR_ROUNDS = 6.0  # a request's own mean counts as this many rounds of the recent mean too (few rounds say little)
 REQUEST_MEMORY = 0.95  # weight of the past per round in a request's own mean (about its last 20 rounds)
 POOL_SIZE = 64  # ended requests whose acceptance stands for requests not drafted for yet
@@ -43,24 +44,36 @@ class QuietBatch:
     none joined in the :data:`QUIET_STEPS` steps since (the batch drains). Requests joining where others just ended
     refill the batch, as under a stream (a server's clients, a benchmark keeping N requests in flight): open. A shim
     calls :meth:`wave` once per step, with whether requests wait in its scheduler where it knows, and
-    :meth:`step_ended` after it."""
+    :meth:`step_ended` after it. Its step clock also tells whether the engine resumed from idle lately
+    (:attr:`warming`)."""
 
     def __init__(self):
         self.last_step_end = float("-inf")  # when the last step ended (perf_counter)
         self.draining: Optional[int] = None  # steps since a request ended with none joining after it
         self.burst = False  # the requests joining now began joining on an idle engine
         self.started_together = False  # the batch is such a burst, and nothing joined since
+        self.steps_since_idle = 0  # steps since the last one that followed an idle gap
 
     def wave(self, requests: list, remaining: Callable[[], torch.Tensor], joined: bool, ended: bool, began: float,
              waiting: bool = False) -> Optional["Wave"]:
         """The batch of ``requests`` as a :class:`Wave` (``remaining()``: their tokens left, read only then) when it is
         closed and runs more than one request, else None; ``began``: when this step began (perf_counter), and the
         rest as :meth:`closed` takes them."""
-        closed = self.closed(joined, ended, began - self.last_step_end > IDLE_SECONDS, waiting)
+        idle = began - self.last_step_end > IDLE_SECONDS
+        self.steps_since_idle = 0 if idle else self.steps_since_idle + 1
+        closed = self.closed(joined, ended, idle, waiting)
         return Wave(requests, remaining()) if closed and len(requests) > 1 else None
 
     def step_ended(self, now: float) -> None:
         self.last_step_end = now
+
+    @property
+    def warming(self) -> bool:
+        """Whether this step is one of the first :data:`WARM_STEPS` after an idle gap. On this kind of CPU machine the
+        first steps after one run 1.5-4x slow (caches and clocks cold; worse after other processes ran), for ten to
+        a few tens of steps: the budget does not read such a slow step as its shape's cost
+        (:meth:`~eagle3_plugin.budget.TreeBudget.record`)."""
+        return self.steps_since_idle < WARM_STEPS
 
     def closed(self, joined: bool, ended: bool, idle: bool, waiting: bool = False) -> bool:
         """``joined``: a request joined this step (or is still running its prompt); ``ended``: a request ended since

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle3_plugin.budget import (MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, PROBE_STEPS_MAX,
-                                  PendingRecord, TreeBudget)
+                                  WARM_SLOW, PendingRecord, TreeBudget)
 from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
 from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY
 from eagle3_plugin.config import Eagle3Config
@@ -687,6 +687,29 @@ def test_the_drift_is_read_at_a_neighbouring_bucket_where_only_it_is_covered():
     assert budget.drift(chain, 16) > 1.2  # its line at 16 nearly all the slow spell's
     assert budget.drift(chain, 15) == pytest.approx(budget.drift(chain, 16))
     assert budget.best(15) == budget.best(16) == NONE  # 1.6 tokens in ~19.5 ms against 1 in ~11.4, either side
+
+
+@pytest.mark.parametrize("warming", [False, True])
+def test_steps_slowed_just_after_the_engine_idled_are_not_read_as_the_shapes_cost(warming):
+    """The demo's run 22: the chain (2 accepted a round, 10 ms a step) runs; after another server's turn the first
+    ~20 steps run 2.6x slow. Read as the chain's cost (``warming`` unknown, as before), they make no speculation,
+    probed at its usual 6 ms just after, look 1.4x faster, and the chain is not drafted again for hundreds of steps.
+    Flagged as steps after an idle gap, the slow ones are not read; one at the expected speed is."""
+    budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
+    tree, chain = budget.shapes[:2]
+    seed_acceptance(budget, tree=1.0, chain=2.0)
+    run_in_turn(budget, {tree: 0.015, NONE: 0.006, chain: 0.010})
+    assert budget.best(1) == chain  # 3 tokens in 11 ms against 1 in 7
+    observations = budget.verify_cost[chain].observations
+    for _ in range(20):
+        budget.record(chain, chain, None, None, True, 2.6 * 0.011, 0.0026, 1, warming=warming)
+    if warming:
+        assert budget.verify_cost[chain].observations == observations and budget.draft_scale[chain] == 1.0
+        budget.record(chain, chain, None, None, True, 0.9 * WARM_SLOW * 0.011, 0.001, 1, warming=True)
+        assert budget.verify_cost[chain].observations == observations + 1  # at about the speed expected: read
+    for _ in range(5):  # no speculation's probe, at its usual cost
+        budget.record(NONE, NONE, None, None, True, 0.007, 0.001, 1, warming=warming)
+    assert budget.best(1) == (chain if warming else NONE)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -6,7 +6,7 @@ import torch
 
 from eagle3_plugin.budget import NONE, TreeBudget
 from eagle3_plugin.budget_estimates import STALE_STEPS, Line
-from eagle3_plugin.wave import (IDLE_SECONDS, POOL_MIN, POOL_ROUNDS, PRIOR_ROUNDS, QUIET_STEPS, QuietBatch,
+from eagle3_plugin.wave import (IDLE_SECONDS, POOL_MIN, POOL_ROUNDS, PRIOR_ROUNDS, QUIET_STEPS, WARM_STEPS, QuietBatch,
                                 RequestAcceptance, Wave, wave_seconds)
 from test_budget import CONFIG, fitted, seed_acceptance
 
@@ -105,3 +105,16 @@ def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
     quiet.step_ended(100.03)
     refill = quiet.wave(["a", "c"], remaining, joined=True, ended=True, began=100.03 + IDLE_SECONDS / 2)
     assert refill is None and len(read) == 1  # a request joined where one just ended, the engine busy: open
+
+
+def test_the_first_steps_after_an_idle_gap_are_warming():
+    """:attr:`QuietBatch.warming` holds for :data:`WARM_STEPS` steps from the first one and from each that follows an
+    idle gap; a client's quick next request (a gap under :data:`IDLE_SECONDS`) does not start it again."""
+    quiet, now, warming = QuietBatch(), 100.0, []
+    for step in range(3 * WARM_STEPS):
+        now += {WARM_STEPS + 10: 5.0, WARM_STEPS + 5: IDLE_SECONDS / 2}.get(step, 0.001)
+        quiet.wave(["a"], lambda: torch.tensor([9]), joined=False, ended=False, began=now)
+        warming.append(quiet.warming)
+        now += 0.01
+        quiet.step_ended(now)
+    assert warming == [True] * WARM_STEPS + [False] * 10 + [True] * WARM_STEPS + [False] * (WARM_STEPS - 10)

@@ -169,7 +169,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             if verified.total_tokens == 1:  # nothing was verified: no acceptance to record
                 trees = verdict = None
             self._pending_record.hold(began, verified=verified, drafted=drafted, trees=trees, verdict=verdict,
-                                      requests=rids, draft_seconds=draft_seconds, batch=len(rids))
+                                      requests=rids, draft_seconds=draft_seconds, batch=len(rids),
+                                      warming=self._quiet.warming)
         result.next_draft_input = self._next_draft_input(result.next_draft_input.bonus_tokens)
         return result
 

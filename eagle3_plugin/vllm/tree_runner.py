@@ -252,7 +252,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
                     requests = [step.req_ids[row] for row in torch.nonzero(whole)[:, 0].tolist()]
             self._pending_record.hold(step.began, verified=self._drafted, drafted=shape, trees=trees, verdict=verdict,
                                       requests=requests, decode_only=step.decode_only, draft_seconds=ended - began,
-                                      batch=step.num_reqs)
+                                      batch=step.num_reqs, warming=self._quiet.warming)
         self._drafted = shape
         return drafts
 
