@@ -71,7 +71,7 @@ def closed_wave_budget(spread: bool):
 @pytest.mark.parametrize("spread", [True, False])
 def test_a_closed_batch_whose_requests_accept_unevenly_drafts_nothing_where_a_step_alone_would_draft(spread):
     budget, chain = closed_wave_budget(spread)
-    wave = Wave([f"new{i}" for i in range(32)], torch.full((32,), 96))
+    wave = Wave([f"new{i}" for i in range(32)], lambda: torch.full((32,), 96))
     assert budget.tokens_per_second(chain, 32) > 1.1 * budget.tokens_per_second(NONE, 32)
     assert budget.shape(32) == chain  # a stream of requests: each step judged alone
     # closed: with the spread, the hardest requests drain over chain steps few requests share; alike, all end together
@@ -84,14 +84,14 @@ def test_a_closed_batch_starts_no_probe_of_a_shape_that_drafts():
     budget, chain = closed_wave_budget(spread=True)
     budget.last_run[chain] = -10 ** 6  # long due
     budget.accepted[chain].observe(torch.tensor([2.3]), budget.steps + STALE_STEPS + 1)  # starts afresh: one round
-    wave = Wave([f"new{i}" for i in range(32)], torch.full((32,), 96))
+    wave = Wave([f"new{i}" for i in range(32)], lambda: torch.full((32,), 96))
     assert budget.shape(32, wave=wave) == NONE and budget.last_probe[chain] < 0
     assert budget.shape(32) == chain and budget.last_probe[chain] == budget.steps
 
 
 def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
     """:meth:`QuietBatch.wave` reads the engine idle from the gap since :meth:`QuietBatch.step_ended`, and the
-    requests' tokens left only when it returns a wave."""
+    requests' tokens left only when a wave it returned is asked for them, once."""
     quiet, read = QuietBatch(), []
 
     def remaining():
@@ -99,7 +99,8 @@ def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
         return torch.tensor([5, 7])
 
     wave = quiet.wave(["a", "b"], remaining, joined=True, ended=False, began=100.0)  # no step before: idle
-    assert wave is not None and wave.requests == ["a", "b"] and wave.remaining.tolist() == [5, 7]
+    assert wave is not None and wave.requests == ["a", "b"] and not read
+    assert wave.remaining.tolist() == [5, 7] and wave.remaining.tolist() == [5, 7] and len(read) == 1
     quiet.step_ended(100.01)
     assert quiet.wave(["a"], remaining, joined=False, ended=False, began=100.02) is None and len(read) == 1
     quiet.step_ended(100.03)
