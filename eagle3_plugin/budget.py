@@ -107,7 +107,7 @@ class TreeBudget:
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
         self.chain_depths = ChainDepths(config.depth)
         self.request_accepted = RequestAcceptance()  # each request's own, for closed batches (:mod:`.wave`)
-        self._wave_factors: dict = {}  # shape -> (step, its _wave_factor then), while the batch stays closed
+        self._wave_factors: dict = {}  # shape -> (step, wave number, its _wave_factor then), while the batch is closed
         self.last_run = {s: 0 for s in self.shapes}
         self.last_observed = {s: 0 for s in self.shapes}  # the last step whose cost a shape's line observed
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
@@ -271,11 +271,12 @@ class TreeBudget:
     def _wave_factor(self, s: TreeShape, batch: int, wave: Wave) -> float:
         """What share of a step's tokens per second ``s`` keeps until the closed ``wave`` ends: its
         :meth:`wave_tokens_per_second` over its :meth:`tokens_per_second`, computed every :data:`WAVE_EVERY` steps
-        (~0.3 ms at 32 requests) and applied to each step's estimate in between."""
-        step, factor = self._wave_factors.get(s, (None, 1.0))
-        if step is None or self.steps - step >= WAVE_EVERY:
+        (~0.3 ms at 32 requests) and at a new closed batch's first step, and applied to each step's estimate in
+        between."""
+        step, number, factor = self._wave_factors.get(s, (None, None, 1.0))
+        if step is None or number != wave.number or self.steps - step >= WAVE_EVERY:
             factor = self.wave_tokens_per_second(s, wave) / max(self.tokens_per_second(s, batch), 1e-9)
-            self._wave_factors[s] = (self.steps, factor)
+            self._wave_factors[s] = (self.steps, wave.number, factor)
         return factor
 
     def wave_tokens_per_second(self, s: TreeShape, wave: Wave) -> float:

@@ -34,8 +34,10 @@ class Wave:
     limit; an end-of-sequence token may end it sooner), read from ``tokens_left()`` when first asked for (the budget
     reads it every few steps only: ~50 µs a step at 32 requests in vLLM)."""
 
-    def __init__(self, requests: list, tokens_left: Callable[[], torch.Tensor]):
-        self.requests, self._tokens_left = requests, tokens_left
+    def __init__(self, requests: list, tokens_left: Callable[[], torch.Tensor], number: int = 0):
+        """``number``: which closed batch this is (:class:`QuietBatch` counts them): a step of the next one is a new
+        batch to judge, even right after the last."""
+        self.requests, self._tokens_left, self.number = requests, tokens_left, number
 
     @cached_property
     def remaining(self) -> torch.Tensor:
@@ -57,6 +59,8 @@ class QuietBatch:
         self.burst = False  # the requests joining now began joining on an idle engine
         self.started_together = False  # the batch is such a burst, and nothing joined since
         self.steps_since_idle = 0  # steps since the last one that followed an idle gap
+        self.waves = 0  # closed batches so far
+        self._closed = False  # whether the last step's batch was closed
 
     def wave(self, requests: list, remaining: Callable[[], torch.Tensor], joined: bool, ended: bool, began: float,
              waiting: bool = False) -> Optional["Wave"]:
@@ -66,7 +70,10 @@ class QuietBatch:
         idle = began - self.last_step_end > IDLE_SECONDS
         self.steps_since_idle = 0 if idle else self.steps_since_idle + 1
         closed = self.closed(joined, ended, idle, waiting)
-        return Wave(requests, remaining) if closed and len(requests) > 1 else None
+        if closed and (not self._closed or (joined and idle)):  # a batch closes, or a burst follows one
+            self.waves += 1
+        self._closed = closed
+        return Wave(requests, remaining, self.waves) if closed and len(requests) > 1 else None
 
     def step_ended(self, now: float) -> None:
         self.last_step_end = now

@@ -89,6 +89,32 @@ def test_a_closed_batch_starts_no_probe_of_a_shape_that_drafts():
     assert budget.shape(32) == chain and budget.last_probe[chain] == budget.steps
 
 
+def test_a_closed_batch_that_follows_another_at_once_is_judged_afresh():
+    """The drain estimate is kept for 8 steps, but not into the next closed batch: here one of requests that accept
+    unevenly (nothing drafted) is followed at the next step by one whose requests accept alike (the chain)."""
+    budget, chain = closed_wave_budget(spread=True)
+    alike = [f"alike{i}" for i in range(32)]
+    for _ in range(30):
+        budget.request_accepted.observe(alike, torch.full((32,), 2.3))
+    uneven = Wave([f"new{i}" for i in range(32)], lambda: torch.full((32,), 96), number=1)
+    assert budget.shape(32, wave=uneven) == NONE
+    assert budget.shape(32, wave=Wave(alike, lambda: torch.full((32,), 96), number=2)) == chain
+
+
+def test_closed_batches_are_numbered():
+    quiet, now, numbers = QuietBatch(), 100.0, []
+    steps = [(True, False, 1.0)] + [(False, False, 0.01)] * 3  # a burst on an idle engine, then its steps
+    steps += [(True, False, 1.0)]  # the next burst right after (a new list of prompts)
+    steps += [(True, True, 0.01)] + [(False, False, 0.01)] * 3  # a refill: open
+    steps += [(False, True, 0.01)] + [(False, False, 0.01)] * QUIET_STEPS  # a request ends, none joins: it drains
+    for joined, ended, gap in steps:
+        now += gap
+        wave = quiet.wave(["a", "b"], lambda: torch.tensor([9, 9]), joined=joined, ended=ended, began=now)
+        numbers.append(None if wave is None else wave.number)
+        quiet.step_ended(now)
+    assert numbers == [1] * 4 + [2] + [None] * 4 + [None] * QUIET_STEPS + [3]
+
+
 def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
     """:meth:`QuietBatch.wave` reads the engine idle from the gap since :meth:`QuietBatch.step_ended`, and the
     requests' tokens left only when a wave it returned is asked for them, once."""
