@@ -134,14 +134,13 @@ class RequestAcceptance:
         """``[B]``: each request's expected acceptance over ``mean`` (the recent mean over all requests)."""
         if mean <= 0:
             return torch.ones(len(requests))
-        ratio = torch.ones(len(requests))
-        unknown = []
+        ratios, unknown = [], []
         for row, request in enumerate(requests):
             total, weight, _ = self.own.get(request, (0.0, 0.0, 0))
-            if weight:
-                ratio[row] = (total + PRIOR_ROUNDS * mean) / ((weight + PRIOR_ROUNDS) * mean)
-            else:
+            ratios.append((total + PRIOR_ROUNDS * mean) / ((weight + PRIOR_ROUNDS) * mean) if weight else 1.0)
+            if not weight:
                 unknown.append(row)
+        ratio = torch.tensor(ratios)
         if unknown and len(self.pool) >= POOL_MIN:
             pool = torch.tensor(list(self.pool))
             quantiles = (torch.arange(len(unknown)) + 0.5) / len(unknown)
