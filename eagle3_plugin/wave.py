@@ -65,8 +65,8 @@ class QuietBatch:
     def wave(self, requests: list, remaining: Callable[[], torch.Tensor], joined: bool, ended: bool, began: float,
              waiting: bool = False) -> Optional["Wave"]:
         """The batch of ``requests`` as a :class:`Wave` (``remaining()``: their tokens left, read when the wave's are)
-        when it is closed and runs more than one request, else None; ``began``: when this step began (perf_counter), and the
-        rest as :meth:`closed` takes them."""
+        when it is closed and runs more than one request, else None; ``began``: when this step began (perf_counter),
+        and the rest as :meth:`closed` takes them."""
         idle = began - self.last_step_end > IDLE_SECONDS
         self.steps_since_idle = 0 if idle else self.steps_since_idle + 1
         closed = self.closed(joined, ended, idle, waiting)
