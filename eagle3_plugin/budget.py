@@ -107,7 +107,7 @@ class TreeBudget:
         self.chain_in_tree = RoundMean()  # what the tree's chain accepted, in the tree's rounds only (completed)
         self.chain_depths = ChainDepths(config.depth)
         self.request_accepted = RequestAcceptance()  # each request's own, for closed batches (:mod:`.wave`)
-        self._wave_factors: dict = {}  # shape -> (step, wave number, its _wave_factor then), while the batch is closed
+        self._wave_factors: dict = {}  # shape -> (step, wave number, its _wave_factor then): the last closed batch's
         self.last_run = {s: 0 for s in self.shapes}
         self.last_observed = {s: 0 for s in self.shapes}  # the last step whose cost a shape's line observed
         self.probe_left = {s: 0 for s in self.shapes}  # steps left of a probe under way
@@ -231,9 +231,6 @@ class TreeBudget:
         """The shape expected to be fastest for ``batch`` requests (for a closed ``wave``, to end it soonest); a shape
         bigger than the one chosen last must be :data:`MARGIN` faster than the best smaller one, the one chosen last
         (and smaller ones) only faster: near the margin the budget keeps its shape rather than switch back and forth."""
-        if wave is None:
-            self._wave_factors.clear()
-
         def merit(s: TreeShape) -> float:
             return self.tokens_per_second(s, batch) * (1.0 if wave is None else self._wave_factor(s, batch, wave))
 
@@ -432,7 +429,7 @@ class TreeBudget:
         shape being run, read the first ~20 steps after another server's turn at 2.6x its cost; no speculation,
         probed just after, read at its usual cost, was chosen, and the chain, read at the slow spell's cost from
         then on, was not drafted for ~600 steps (0.90x no speculation, against 1.30x in run 21)."""
-        if self.verify_cost[s].observations < MIN_OBSERVATIONS or not self.verify_cost[s].covers(batch):
+        if not self.verify_cost[s].covers(batch):  # (a covered bucket holds MIN_OBSERVATIONS steps)
             return False
         return step_seconds > WARM_SLOW * (self.verify_seconds(s, batch) + self.draft_seconds(s, batch))
 

@@ -137,8 +137,10 @@ class RequestAcceptance:
         ratios, unknown = [], []
         for row, request in enumerate(requests):
             total, weight, _ = self.own.get(request, (0.0, 0.0, 0))
-            ratios.append((total + PRIOR_ROUNDS * mean) / ((weight + PRIOR_ROUNDS) * mean) if weight else 1.0)
-            if not weight:
+            if weight:
+                ratios.append((total + PRIOR_ROUNDS * mean) / ((weight + PRIOR_ROUNDS) * mean))
+            else:
+                ratios.append(1.0)
                 unknown.append(row)
         ratio = torch.tensor(ratios)
         if unknown and len(self.pool) >= POOL_MIN:
