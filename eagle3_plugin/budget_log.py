@@ -7,6 +7,7 @@ import json
 import os
 from typing import Optional
 
+from .errors import Eagle3Error
 from .speculator import TreeShape
 
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there
@@ -37,3 +38,23 @@ class BudgetLog:
                 "shapes": {s.label: budget.estimates(s, batch, wave) for s in budget.shapes}}
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def drafted_shares(path: str) -> tuple[int, dict[str, float]]:
+    """What a :class:`BudgetLog` at ``path`` says was drafted: the steps its lines cover (from its first line's step
+    to its last's, inclusive) and each shape's share of them (every shape the log estimates, drafted or not). Exact,
+    since a line marks every change of the shape drafted: a shape holds from its line up to the next. The steps after
+    the last line (fewer than :data:`LOG_EVERY`, all of its shape) are not counted. ``(0, {})`` for an empty log."""
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines:
+        return 0, {}
+    steps = dict.fromkeys(lines[-1]["shapes"], 0)
+    for line, following in zip(lines, lines[1:]):
+        if following["step"] <= line["step"]:
+            raise Eagle3Error(f"{path}: more than one budget's lines (step {following['step']} follows "
+                              f"{line['step']}); give each server a log of its own")
+        steps[line["drafted"]] = steps.get(line["drafted"], 0) + following["step"] - line["step"]
+    steps[lines[-1]["drafted"]] = steps.get(lines[-1]["drafted"], 0) + 1
+    total = sum(steps.values())
+    return total, {label: n / total for label, n in steps.items()}

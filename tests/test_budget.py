@@ -10,8 +10,9 @@ import torch
 from eagle3_plugin.budget import (MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, PROBE_STEPS_MAX,
                                   WARM_SLOW, PendingRecord, TreeBudget)
 from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
-from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY
+from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY, drafted_shares
 from eagle3_plugin.config import Eagle3Config
+from eagle3_plugin.errors import Eagle3Error
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.speculator import TreeShape
 from eagle3_plugin.tree import DraftTree
@@ -755,3 +756,14 @@ def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
     assert last["shapes"]["chain 3"]["accepted"] == pytest.approx(2)  # measured: its expectations are there
     assert last["shapes"]["chain 3"]["tokens_per_s"] > last["shapes"]["tree 3/2/5"]["tokens_per_s"]
     assert TreeBudget(Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="fixed")).log is None
+
+    # What the demo prints: each shape's share of the steps the log covers, read back exactly.
+    covered, shares = drafted_shares(str(path))
+    first, final = lines[0]["step"], lines[-1]["step"]
+    assert covered == final - first + 1 and len(set(drafted[first - 1:final])) > 1
+    assert shares == pytest.approx({label: sum(s.label == label for s in drafted[first - 1:final]) / covered
+                                    for label in last["shapes"]})
+    with open(path, "a") as f:  # a second budget's lines in the same file: refused, not miscounted
+        f.write(json.dumps(dict(lines[0])) + "\n")
+    with pytest.raises(Eagle3Error, match="more than one budget"):
+        drafted_shares(str(path))
