@@ -11,16 +11,17 @@ from .errors import Eagle3Error
 from .speculator import TreeShape
 
 LOG_ENV = "EAGLE3_BUDGET_LOG"  # a path: an auto budget appends its estimates there
-LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted
+LOG_EVERY = 100  # steps between log lines, besides one at every change of the shape drafted or of a closed batch
 
 
 class BudgetLog:
-    """One line per :data:`LOG_EVERY` steps and at every change of the shape drafted (probes included), appended to
-    ``path``: the step, the batch, the shape drafted and the one chosen on merit, and each shape's
-    :meth:`TreeBudget.estimates` (with its :meth:`TreeBudget.drift`)."""
+    """One line per :data:`LOG_EVERY` steps and at every change of the shape drafted (probes included) or of whether
+    the batch is judged closed, appended to ``path``: the step, the batch, the shape drafted and the one chosen on
+    merit, whether the batch is closed, and each shape's :meth:`TreeBudget.estimates` (with its
+    :meth:`TreeBudget.drift`)."""
 
     def __init__(self, path: str):
-        self.path, self._last = path, None
+        self.path, self._last = path, None  # the last step's (shape drafted, closed)
 
     @classmethod
     def from_env(cls) -> Optional["BudgetLog"]:
@@ -30,11 +31,12 @@ class BudgetLog:
     def write(self, budget, batch: int, shape: TreeShape, wave=None) -> None:
         """After ``budget`` (a :class:`TreeBudget`) chose ``shape`` for ``batch`` requests (a closed ``wave``: a
         :class:`~eagle3_plugin.wave.Wave`, judged by when its last request ends)."""
-        if budget.steps % LOG_EVERY and shape == self._last:
+        closed = wave is not None
+        if budget.steps % LOG_EVERY and (shape, closed) == self._last:
             return
-        self._last = shape
+        self._last = shape, closed
         line = {"step": budget.steps, "batch": batch, "drafted": shape.label, "chosen": budget.current.label,
-                "closed": wave is not None,
+                "closed": closed,
                 "shapes": {s.label: budget.estimates(s, batch, wave) for s in budget.shapes}}
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")

@@ -16,6 +16,7 @@ from eagle3_plugin.errors import Eagle3Error
 from eagle3_plugin.sampler import Verdict
 from eagle3_plugin.speculator import TreeShape
 from eagle3_plugin.tree import DraftTree
+from eagle3_plugin.wave import Wave
 
 CONFIG = Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="auto")
 
@@ -735,8 +736,8 @@ def test_noise_in_the_shape_being_run_does_not_move_the_estimates_of_the_others(
 
 
 def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
-    """``EAGLE3_BUDGET_LOG``: a line at every change of the shape drafted and every LOG_EVERY steps, with each
-    shape's expectations once it is measured."""
+    """``EAGLE3_BUDGET_LOG``: a line at every change of the shape drafted or of a closed batch and every LOG_EVERY
+    steps, with each shape's expectations once it is measured."""
     path = tmp_path / "budget.jsonl"
     monkeypatch.setenv(LOG_ENV, str(path))
     budget = TreeBudget(CONFIG, {s: Line(0.001) for s in TreeBudget(CONFIG).shapes})
@@ -752,7 +753,7 @@ def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
     changes = [i + 1 for i in range(len(drafted)) if i == 0 or drafted[i] != drafted[i - 1]]
     assert sorted({line["step"] for line in lines}) == sorted(set(changes) | {LOG_EVERY})
     last = lines[-1]
-    assert set(last["shapes"]) == {"tree 3/2/5", "chain 3", "none"} and last["batch"] == 1
+    assert set(last["shapes"]) == {"tree 3/2/5", "chain 3", "none"} and last["batch"] == 1 and not last["closed"]
     assert last["shapes"]["chain 3"]["accepted"] == pytest.approx(2)  # measured: its expectations are there
     assert last["shapes"]["chain 3"]["tokens_per_s"] > last["shapes"]["tree 3/2/5"]["tokens_per_s"]
     assert TreeBudget(Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="fixed")).log is None
@@ -763,6 +764,12 @@ def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
     assert covered == final - first + 1 and len(set(drafted[first - 1:final])) > 1
     assert shares == pytest.approx({label: sum(s.label == label for s in drafted[first - 1:final]) / covered
                                     for label in last["shapes"]})
+
+    # A batch judged closed has a line at once, though it drafts the shape the last step drafted.
+    budget.log.write(budget, 2, drafted[-1], Wave(["a", "b"], lambda: torch.tensor([40, 40]), 1))
+    closed = json.loads(path.read_text().splitlines()[-1])
+    assert closed["closed"] and closed["batch"] == 2 and closed["drafted"] == drafted[-1].label
+
     with open(path, "a") as f:  # a second budget's lines in the same file: refused, not miscounted
         f.write(json.dumps(dict(lines[0])) + "\n")
     with pytest.raises(Eagle3Error, match="more than one budget"):

@@ -23,6 +23,8 @@ REQUIRED_INTERNALS = (
     ("sglang.srt.server_args", "ServerArgs",
      ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
       "speculative_num_draft_tokens", "disable_radix_cache", "random_seed", "tp_size", "pp_size", "dp_size")),
+    # the scheduler's queue, handed to the worker (closed batches)
+    ("sglang.srt.managers.scheduler", "Scheduler.run_batch", ("batch",)),
     # request admission
     ("sglang.srt.managers.tokenizer_manager", "TokenizerManager._validate_one_request", ("obj", "input_ids")),
     ("sglang.srt.managers.io_struct", "GenerateReqInput", ("sampling_params", "custom_logit_processor")),

@@ -18,9 +18,10 @@ _WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 def _hooks():
     from sglang.srt.plugins.hook_registry import HookType
 
-    from . import settings, verify, worker
+    from . import settings, verify, waiting, worker
     return (
         (_WORKER, worker.TreeSpeculationWorker, HookType.REPLACE),
+        ("sglang.srt.managers.scheduler.Scheduler.run_batch", waiting.count_waiting, HookType.BEFORE),
         ("sglang.srt.speculative.eagle_utils.eagle_sample", verify.eagle_sample, HookType.AROUND),
         ("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
          "configure_aux_hidden_state_capture", _without_sglang_eagle3_capture, HookType.AROUND),

@@ -43,6 +43,7 @@ from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from ..wave import QuietBatch
 from . import capture, settings
+from .waiting import waiting
 from .verify import TreeVerifyInput, build_verify_input
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -200,7 +201,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             self._batch_rids = rids
         wave = None
         if self.budget.auto:
-            wave = self._quiet.wave(rids, lambda: self._remaining_tokens(batch), joined, ended, step_began)
+            wave = self._quiet.wave(rids, lambda: self._remaining_tokens(batch), joined, ended, step_began,
+                                    waiting(batch) > 0)
         shape = self.budget.shape(len(rids), seeded=bool(random.rows), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
         trees = self.speculator.step(self._draft_kv, rows, params, random, shape)

@@ -15,16 +15,10 @@ from transformers import AutoTokenizer
 
 from bundled import DRAFT, HELDOUT, TARGET, hf_greedy, shared_prefix_prompts
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
-from sglang_env import fixed_budget_config, server
+from sglang_env import fixed_budget_config, our_tree_args, server
 
 MAX_TOKENS = 48
-SHAPE = ["--speculative-num-steps", "5", "--speculative-eagle-topk", "8", "--speculative-num-draft-tokens", "32"]
 GREEDY = {"max_new_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-
-
-def ours(draft: str) -> list:
-    """Server arguments for our tree 5/8/32 from ``draft`` (a folder, or an ``eagle3.json``)."""
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft, *SHAPE]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
     runs = {}
     fixed = fixed_budget_config(DRAFT, str(tmp_path / "eagle3.json"))
     for cached in (True, False):
-        args = ours(fixed) + ([] if cached else ["--disable-radix-cache"])
+        args = our_tree_args(fixed) + ([] if cached else ["--disable-radix-cache"])
         with server(TARGET, args, str(tmp_path / f"radix-{cached}.log")) as s:
             first = s.generate(prompts[0], GREEDY)  # fills the cache
             runs[cached] = [first] + s.generate(prompts[1:], GREEDY)
@@ -52,7 +46,7 @@ def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
 def test_retraction_keeps_outputs(tokenizer, tmp_path):
     prompts = [encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:12]]
     log = tmp_path / "retract.log"
-    with server(TARGET, ours(DRAFT) + ["--max-total-tokens", "700"], str(log)) as s:
+    with server(TARGET, our_tree_args(DRAFT) + ["--max-total-tokens", "700"], str(log)) as s:
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             out = list(pool.map(lambda p: s.generate(p, GREEDY), prompts))
     assert "KV cache pool is full. Retract requests" in log.read_text()  # SGLang logs each retraction
