@@ -60,3 +60,14 @@ def drafted_shares(path: str) -> tuple[int, dict[str, float]]:
     steps[lines[-1]["drafted"]] = steps.get(lines[-1]["drafted"], 0) + 1
     total = sum(steps.values())
     return total, {label: n / total for label, n in steps.items()}
+
+
+def drafted_summary(path: str, whose: str) -> str:
+    """One line for a reader: what the log at ``path`` says ``whose`` budget drafted (:func:`drafted_shares`), or why
+    that is not known."""
+    try:
+        steps, shares = drafted_shares(path)
+    except Eagle3Error as e:  # e.g. a log named by the caller, holding an earlier run's lines too
+        return f"what {whose} drafted is not known: {e}"
+    return (f"{whose} drafted, over the {steps} steps its log covers: "
+            + ", ".join(f"{label} on {share:.0%}" for label, share in shares.items()))

@@ -10,7 +10,7 @@ import torch
 from eagle3_plugin.budget import (MARGIN, MIN_ROUNDS, NONE, PROBE_EVERY, PROBE_EVERY_MAX, PROBE_STEPS, PROBE_STEPS_MAX,
                                   WARM_SLOW, PendingRecord, TreeBudget)
 from eagle3_plugin.budget_estimates import MIN_OBSERVATIONS, OUTLIER, ROUND_MEMORY, STALE_STEPS, Line, RoundMean
-from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY, drafted_shares
+from eagle3_plugin.budget_log import LOG_ENV, LOG_EVERY, drafted_shares, drafted_summary
 from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.errors import Eagle3Error
 from eagle3_plugin.sampler import Verdict
@@ -764,6 +764,8 @@ def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
     assert covered == final - first + 1 and len(set(drafted[first - 1:final])) > 1
     assert shares == pytest.approx({label: sum(s.label == label for s in drafted[first - 1:final]) / covered
                                     for label in last["shapes"]})
+    assert drafted_summary(str(path), "ours") == (f"ours drafted, over the {covered} steps its log covers: "
+                                                  + ", ".join(f"{k} on {v:.0%}" for k, v in shares.items()))
 
     # A batch judged closed has a line at once, though it drafts the shape the last step drafted.
     budget.log.write(budget, 2, drafted[-1], Wave(["a", "b"], lambda: torch.tensor([40, 40]), 1))
@@ -774,3 +776,4 @@ def test_the_budget_logs_why_it_drafts_what_it_drafts(tmp_path, monkeypatch):
         f.write(json.dumps(dict(lines[0])) + "\n")
     with pytest.raises(Eagle3Error, match="more than one budget"):
         drafted_shares(str(path))
+    assert drafted_summary(str(path), "ours").startswith("what ours drafted is not known: ")

@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 
-from ..budget_log import LOG_ENV, drafted_shares
+from ..budget_log import LOG_ENV, drafted_summary
 from ..datafiles import read_prompts
 from ..errors import Eagle3Error
 from ..openai_api import spec_counters, stream_completion
@@ -104,9 +104,7 @@ def main(argv=None) -> int:
     same = all(texts == base_texts[0] for _, _, rounds in results.values() for texts in rounds)
     print(f"\noutputs identical to no speculation: {'yes' if same else 'NO'}")
     if os.path.exists(os.environ[LOG_ENV]):  # an auto budget: say what it drafted, which the row's name does not
-        steps, shares = drafted_shares(os.environ[LOG_ENV])
-        print(f"our server's auto budget drafted, over the {steps} steps its log covers: "
-              + ", ".join(f"{label} on {share:.0%}" for label, share in shares.items()))
+        print(drafted_summary(os.environ[LOG_ENV], "our server's auto budget"))
     return 0
 
 
