@@ -43,8 +43,8 @@ from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from ..wave import QuietBatch
 from . import capture, settings
-from .waiting import waiting
 from .verify import TreeVerifyInput, build_verify_input
+from .waiting import waiting
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_spec
