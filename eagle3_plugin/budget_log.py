@@ -56,8 +56,8 @@ def drafted_shares(path: str) -> tuple[int, dict[str, float]]:
         if following["step"] <= line["step"]:
             raise Eagle3Error(f"{path}: more than one budget's lines (step {following['step']} follows "
                               f"{line['step']}); give each server a log of its own")
-        steps[line["drafted"]] = steps.get(line["drafted"], 0) + following["step"] - line["step"]
-    steps[lines[-1]["drafted"]] = steps.get(lines[-1]["drafted"], 0) + 1
+        steps[line["drafted"]] += following["step"] - line["step"]
+    steps[lines[-1]["drafted"]] += 1
     total = sum(steps.values())
     return total, {label: n / total for label, n in steps.items()}
 
