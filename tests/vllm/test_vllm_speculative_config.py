@@ -58,9 +58,9 @@ def test_vllm_cli_reads_our_file_and_passes_json_through(chain_file):
     assert inline.speculative_config == {"mode": "chain", "depth": 2}
 
 
-@pytest.mark.parametrize("parallel", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)])
-def test_parallel_engines_are_refused_with_one_message(parallel):
+@pytest.mark.parametrize("parallel", [dict(pipeline_parallel_size=2), dict(data_parallel_size=2)])
+def test_pipeline_and_data_parallel_engines_are_refused_with_one_message(parallel):
     from vllm.engine.arg_utils import EngineArgs
     args = EngineArgs(model=TARGET, speculative_config={"draft": DRAFT, "mode": "chain", "depth": 3}, **parallel)
-    with pytest.raises(Eagle3Error, match="runs on one device"):
+    with pytest.raises(Eagle3Error, match="pipeline and data parallel size 1"):
         args.create_engine_config()

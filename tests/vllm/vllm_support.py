@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 
-def run_llm(spec: dict, plugins: str = "eagle3", timeout: int = 900) -> dict:
-    """Run ``run_llm.py`` in its own process with ``VLLM_PLUGINS=plugins`` ('' disables every plugin)."""
-    env = dict(os.environ, VLLM_PLUGINS=plugins, VLLM_CPU_KVCACHE_SPACE="1")
+def run_llm(spec: dict, plugins: str = "eagle3", timeout: int = 900, env: dict = None) -> dict:
+    """Run ``run_llm.py`` in its own process with ``VLLM_PLUGINS=plugins`` ('' disables every plugin) and ``env``
+    added to its environment."""
+    env = dict(os.environ, VLLM_PLUGINS=plugins, VLLM_CPU_KVCACHE_SPACE="1", **(env or {}))
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "run_llm.py")],
                           input=json.dumps(spec), capture_output=True, text=True, env=env, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
