@@ -115,6 +115,26 @@ def test_closed_batches_are_numbered():
     assert numbers == [1] * 4 + [2] + [None] * 4 + [None] * QUIET_STEPS + [3]
 
 
+def test_a_batch_that_ran_empty_and_fills_again_at_once_is_a_burst():
+    """An offline loop's next list of prompts comes within milliseconds of the last step of the one before, but none of
+    that step's requests runs in it: the engine was idle, and the new batch is closed (a new one); requests joining
+    where some of the last step's still run are a refill (open)."""
+    quiet, now = QuietBatch(), 100.0
+
+    def step(requests, joined, ended):
+        nonlocal now
+        now += 0.01  # never an idle gap
+        wave = quiet.wave(requests, lambda: torch.full((len(requests),), 9), joined=joined, ended=ended, began=now)
+        quiet.step_ended(now)
+        return wave
+
+    first = step(["a", "b"], joined=True, ended=False)
+    assert step(["a", "b"], joined=False, ended=False).number == first.number
+    second = step(["c", "d"], joined=True, ended=True)  # a and b ended, c and d joined: the batch ran empty
+    assert second is not None and second.number == first.number + 1
+    assert step(["c", "e"], joined=True, ended=True) is None  # d ended, e joined beside c: a refill
+
+
 def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
     """:meth:`QuietBatch.wave` reads the engine idle from the gap since :meth:`QuietBatch.step_ended`, and the
     requests' tokens left only when a wave it returned is asked for them, once."""
