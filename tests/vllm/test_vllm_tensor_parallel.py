@@ -42,8 +42,13 @@ def greedy_batches(prompts) -> list:
     return [prompts[:1], prompts]  # batch 1, then twelve prompts of different lengths
 
 
-def at_temperature_1() -> dict:
-    return dict(prompts=[group_prompts()["T=1"]] * N, sampling=[GROUPS["T=1"][1]] * N, max_tokens=LENGTH)
+@pytest.fixture(scope="module")
+def law_prompts():
+    return group_prompts()
+
+
+def at_temperature_1(law_prompts) -> dict:
+    return dict(prompts=[law_prompts["T=1"]] * N, sampling=[GROUPS["T=1"][1]] * N, max_tokens=LENGTH)
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +58,10 @@ def plain(prompts, two_ranks):
 
 
 @pytest.fixture(scope="module")
-def fixed_tree(prompts, two_ranks):
+def fixed_tree(prompts, law_prompts, two_ranks):
     """One engine: the greedy batches, then the T = 1 batch."""
     return run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(),
-                        batches=greedy_batches(prompts) + [at_temperature_1()], temperature=0.0,
+                        batches=greedy_batches(prompts) + [at_temperature_1(law_prompts)], temperature=0.0,
                         max_tokens=MAX_TOKENS, engine=TP2), env=two_ranks)["batches"]
 
 
@@ -73,21 +78,21 @@ def test_greedy_tree_is_identical_and_accepts_like_the_reference(prompts, plain,
     assert metrics["vllm:spec_decode_num_accepted_tokens_per_pos"][:TREE.depth] == ref.accepted_per_position
 
 
-def test_tree_at_temperature_1_has_the_target_law(fixed_tree):
+def test_tree_at_temperature_1_has_the_target_law(fixed_tree, law_prompts):
     batch = fixed_tree[2]
     assert batch["metrics"]["vllm:spec_decode_num_drafts"] > 0
-    assert group_pvalue(group_prompts(), "T=1", batch["tokens"]) > ALPHA
+    assert group_pvalue(law_prompts, "T=1", batch["tokens"]) > ALPHA
 
 
-def test_auto_budget_ranks_draft_rank_0s_shapes(prompts, plain, two_ranks):
+def test_auto_budget_ranks_draft_rank_0s_shapes(prompts, law_prompts, plain, two_ranks):
     """Greedy, then at T = 1, where a step that drafts nothing is sampled by vLLM from each rank's own generator (the
     ranks must have drawn alike before it: one extra draw on rank 1 fails this test)."""
     out = run_llm(dict(target=TARGET, speculative_config=AUTO.to_dict(),
-                       batches=greedy_batches(prompts) + [at_temperature_1()], temperature=0.0,
+                       batches=greedy_batches(prompts) + [at_temperature_1(law_prompts)], temperature=0.0,
                        max_tokens=MAX_TOKENS, engine=TP2, rank_timings=True), env=two_ranks)
     for got, want in zip(out["batches"], plain):
         assert got["tokens"] == want["tokens"]
-    assert group_pvalue(group_prompts(), "T=1", out["batches"][2]["tokens"]) > ALPHA
+    assert group_pvalue(law_prompts, "T=1", out["batches"][2]["tokens"]) > ALPHA
     leader, follower = out["rank_timings"]
     counts = ("steps", "chain_steps", "none_steps")
     assert [leader[k] for k in counts] == [follower[k] for k in counts]
