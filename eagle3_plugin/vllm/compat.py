@@ -76,6 +76,9 @@ REQUIRED_INTERNALS = (
     ("vllm.distributed.parallel_state", "get_tp_group", ()),
     ("vllm.distributed.parallel_state", "GroupCoordinator.broadcast", ("input_", "src")),
     ("vllm.model_executor.layers.attention.attention", "Attention.get_kv_cache_spec", ("vllm_config",)),
+    # an error in a follower rank's step ends its process, which the executor watches (tensor_parallel.step_guard)
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.execute_model", ("scheduler_output",)),
+    ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.start_worker_monitor", ()),
 )
 
 

