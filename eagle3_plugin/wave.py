@@ -48,10 +48,11 @@ class QuietBatch:
     """Whether the batch is closed, as far as its steps tell: its requests joined together on an idle engine (a list of
     prompts, a burst; nothing ran for :data:`IDLE_SECONDS` before) and none has joined since, or a request ended and
     none joined in the :data:`QUIET_STEPS` steps since (the batch drains). Requests joining where others just ended
-    refill the batch, as under a stream (a server's clients, a benchmark keeping N requests in flight): open. A shim
-    calls :meth:`wave` once per step, with whether requests wait in its scheduler where it knows, and
-    :meth:`step_ended` after it. Its step clock also tells whether the engine resumed from idle lately
-    (:attr:`warming`)."""
+    refill the batch, as under a stream (a server's clients, a benchmark keeping N requests in flight): open. Once the
+    engine has been refilled so, it is fed as a stream (:attr:`streamed`), and a batch whose requests all ended in one
+    step and that fills again at once is refilled too. A shim calls :meth:`wave` once per step, with whether requests
+    wait in its scheduler where it knows, and :meth:`step_ended` after it. Its step clock also tells whether the
+    engine resumed from idle lately (:attr:`warming`)."""
 
     def __init__(self):
         self.last_step_end = float("-inf")  # when the last step ended (perf_counter)
@@ -62,19 +63,27 @@ class QuietBatch:
         self.waves = 0  # closed batches so far
         self._closed = False  # whether the last step's batch was closed
         self._requests: set = set()  # the last step's requests
+        self.streamed = False  # a request has taken the place of one that ended while others ran on
 
     def wave(self, requests: list, remaining: Callable[[], torch.Tensor], joined: bool, ended: bool, began: float,
              waiting: bool = False) -> Optional["Wave"]:
         """The batch of ``requests`` as a :class:`Wave` (``remaining()``: their tokens left, read when the wave's are)
         when it is closed and runs more than one request, else None; ``began``: when this step began (perf_counter),
         and the rest as :meth:`closed` takes them. The engine was idle before this step when no step ran for
-        :data:`IDLE_SECONDS`, or when none of the last step's requests runs in it: the batch ran empty, however soon
-        the next came (an offline loop's next list of prompts comes within milliseconds: stop 48, read as a refill,
-        0.69x no speculation at 16)."""
+        :data:`IDLE_SECONDS`, or when none of the last step's requests runs in it and the engine was never refilled
+        as a stream: the batch ran empty, however soon the next came (an offline loop's next list of prompts comes
+        within milliseconds: stop 48, read as a refill, 0.69x no speculation at 16). A stream's batch runs empty too,
+        where its requests all end in one step (drafting nothing, they end together): its refill is not a burst
+        (stop 49, a benchmark keeping 4 requests in flight: read as bursts, closed, the budget drafted nothing where
+        the chain ran 1.18x faster)."""
         gap = began - self.last_step_end > IDLE_SECONDS
         self.steps_since_idle = 0 if gap else self.steps_since_idle + 1
-        idle = gap or (joined and self._requests.isdisjoint(requests))
-        self._requests = set(requests)
+        running = set(requests)
+        carried_on = not self._requests.isdisjoint(running)
+        if joined and ended and carried_on and not gap and not running <= self._requests:
+            self.streamed = True
+        idle = gap or (joined and not carried_on and not self.streamed)
+        self._requests = running
         closed = self.closed(joined, ended, idle, waiting)
         if closed and (not self._closed or (joined and idle)):  # a batch closes, or a burst follows one
             self.waves += 1

@@ -135,6 +135,30 @@ def test_a_batch_that_ran_empty_and_fills_again_at_once_is_a_burst():
     assert step(["c", "e"], joined=True, ended=True) is None  # d ended, e joined beside c: a refill
 
 
+def test_a_stream_whose_batch_ran_empty_and_fills_again_at_once_stays_open():
+    """Once a request has taken an ended one's place while others ran on, the engine is fed as a stream: a batch whose
+    requests all ended in one step (as they do when nothing is drafted) and that fills again at once is a refill, not
+    a burst. Requests joining over two steps of one burst (no request ended) are no such evidence."""
+    quiet, now = QuietBatch(), 100.0
+
+    def step(requests, joined, ended):
+        nonlocal now
+        now += 0.01  # never an idle gap
+        wave = quiet.wave(requests, lambda: torch.full((len(requests),), 9), joined=joined, ended=ended, began=now)
+        quiet.step_ended(now)
+        return wave
+
+    assert step(["a", "b"], joined=True, ended=False) is not None  # the first burst
+    assert step(["a", "b", "c"], joined=True, ended=False) is not None  # c admitted a step later: the same burst
+    assert not quiet.streamed
+    assert step(["d", "e", "f"], joined=True, ended=True) is not None  # all ended, three joined at once: a burst
+    assert step(["d", "e", "g"], joined=True, ended=True) is None  # f ended, g took its place: a refill
+    assert quiet.streamed
+    assert step(["h", "i", "j"], joined=True, ended=True) is None  # all ended, three joined at once: a refill now
+    now += 1.0  # an idle gap: whatever joins next is a burst
+    assert step(["k", "l"], joined=True, ended=True) is not None
+
+
 def test_a_shim_gets_a_wave_only_for_a_closed_batch_of_more_than_one_request():
     """:meth:`QuietBatch.wave` reads the engine idle from the gap since :meth:`QuietBatch.step_ended`, and the
     requests' tokens left only when a wave it returned is asked for them, once."""
