@@ -1,13 +1,13 @@
-"""Tensor parallelism: every rank runs its shard of the target and the whole draft, and drafts the same trees.
-
-vLLM hands every rank the target's whole captured layers (its all-reduce runs before them) and whole logits
-(all-gathered); the draft is small and replicated, and keeps its KV, all of its heads, in the draft layer's cache of
-each rank (:func:`full_draft_heads`). Every rank then runs the same ops on the same numbers and draws from generators
-seeded alike, as vLLM's own sampler does across ranks, so the ranks draft and verify alike. A rank whose trees differ
-from the scheduler's draft tokens (rank 0's) raises (:meth:`~eagle3_plugin.vllm.step.Step.build`), and an error in a
-follower's step ends its process (:func:`step_guard`), so vLLM stops the engine with an error instead of emitting wrong
-tokens or hanging. The one choice not made from those numbers is the auto budget's: it reads the clock. Rank 0 makes it, and every step :class:`ShapeBroadcast` hands its shape to the
-other ranks, which keep a fixed budget (nothing measured or logged there).
+"""Tensor parallelism: every rank runs its shard of the target and the whole draft, and drafts the same trees. vLLM
+hands every rank the target's whole captured layers (its all-reduce runs before them) and whole logits (all-gathered);
+the draft is small and replicated, and keeps its KV, all of its heads, in the draft layer's cache of each rank
+(:func:`full_draft_heads`). Every rank then runs the same ops on the same numbers and draws from generators seeded
+alike, as vLLM's own sampler does across ranks, so the ranks draft and verify alike. A rank whose trees differ from the
+scheduler's draft tokens (rank 0's) raises (:meth:`~eagle3_plugin.vllm.step.Step.build`), and an error in a follower's
+step ends its process (:func:`step_guard`), so vLLM stops the engine with an error instead of emitting wrong tokens or
+hanging. The one choice not made from those numbers is the auto budget's: it reads the clock. Rank 0 makes it, and every
+step :class:`ShapeBroadcast` hands its shape to the other ranks, which keep a fixed budget (nothing measured or logged
+there).
 """
 
 from __future__ import annotations
