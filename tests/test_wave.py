@@ -115,19 +115,28 @@ def test_closed_batches_are_numbered():
     assert numbers == [1] * 4 + [2] + [None] * 4 + [None] * QUIET_STEPS + [3]
 
 
+class Steps:
+    """Steps of ``quiet``, each 10 ms after the last (never an idle gap unless :meth:`idle`)."""
+
+    def __init__(self, quiet: QuietBatch):
+        self.quiet, self.now = quiet, 100.0
+
+    def __call__(self, requests, joined, ended):
+        self.now += 0.01
+        wave = self.quiet.wave(requests, lambda: torch.full((len(requests),), 9), joined=joined, ended=ended,
+                               began=self.now)
+        self.quiet.step_ended(self.now)
+        return wave
+
+    def idle(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_a_batch_that_ran_empty_and_fills_again_at_once_is_a_burst():
     """An offline loop's next list of prompts comes within milliseconds of the last step of the one before, but none of
     that step's requests runs in it: the engine was idle, and the new batch is closed (a new one); requests joining
     where some of the last step's still run are a refill (open)."""
-    quiet, now = QuietBatch(), 100.0
-
-    def step(requests, joined, ended):
-        nonlocal now
-        now += 0.01  # never an idle gap
-        wave = quiet.wave(requests, lambda: torch.full((len(requests),), 9), joined=joined, ended=ended, began=now)
-        quiet.step_ended(now)
-        return wave
-
+    step = Steps(QuietBatch())
     first = step(["a", "b"], joined=True, ended=False)
     assert step(["a", "b"], joined=False, ended=False).number == first.number
     second = step(["c", "d"], joined=True, ended=True)  # a and b ended, c and d joined: the batch ran empty
@@ -139,15 +148,8 @@ def test_a_stream_whose_batch_ran_empty_and_fills_again_at_once_stays_open():
     """Once a request has taken an ended one's place while others ran on, the engine is fed as a stream: a batch whose
     requests all ended in one step (as they do when nothing is drafted) and that fills again at once is a refill, not
     a burst. Requests joining over two steps of one burst (no request ended) are no such evidence."""
-    quiet, now = QuietBatch(), 100.0
-
-    def step(requests, joined, ended):
-        nonlocal now
-        now += 0.01  # never an idle gap
-        wave = quiet.wave(requests, lambda: torch.full((len(requests),), 9), joined=joined, ended=ended, began=now)
-        quiet.step_ended(now)
-        return wave
-
+    quiet = QuietBatch()
+    step = Steps(quiet)
     assert step(["a", "b"], joined=True, ended=False) is not None  # the first burst
     assert step(["a", "b", "c"], joined=True, ended=False) is not None  # c admitted a step later: the same burst
     assert not quiet.streamed
@@ -155,7 +157,7 @@ def test_a_stream_whose_batch_ran_empty_and_fills_again_at_once_stays_open():
     assert step(["d", "e", "g"], joined=True, ended=True) is None  # f ended, g took its place: a refill
     assert quiet.streamed
     assert step(["h", "i", "j"], joined=True, ended=True) is None  # all ended, three joined at once: a refill now
-    now += 1.0  # an idle gap: whatever joins next is a burst
+    step.idle(1.0)  # whatever joins next is a burst
     assert step(["k", "l"], joined=True, ended=True) is not None
 
 
