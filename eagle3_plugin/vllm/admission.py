@@ -11,15 +11,12 @@ from __future__ import annotations
 from .speculative import ADDITIONAL_CONFIG_KEY
 
 # (SamplingParams attribute, the value that means "off", what the client calls it)
+# Penalties, min_tokens, allowed_token_ids and bad words are honoured (:mod:`.output_rules`). min_p and logit_bias
+# are not: vLLM builds no logits processor for them in a speculative engine, so steps its sampler decides would drop
+# them too (vLLM's own drafters ignore them, with a warning at start-up).
 UNSUPPORTED = (
-    ("presence_penalty", 0.0, "presence_penalty"),
-    ("frequency_penalty", 0.0, "frequency_penalty"),
-    ("repetition_penalty", 1.0, "repetition_penalty"),
     ("min_p", 0.0, "min_p"),
-    ("min_tokens", 0, "min_tokens"),
     ("logit_bias", None, "logit_bias"),
-    ("allowed_token_ids", None, "allowed_token_ids"),
-    ("bad_words", None, "bad_words"),
     ("logprob_token_ids", None, "logprob_token_ids"),
     ("thinking_token_budget", None, "thinking_token_budget"),
     ("trace_decode_token_ids", None, "trace_decode_token_ids"),

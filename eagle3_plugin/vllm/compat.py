@@ -66,6 +66,11 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.outputs", "SamplerOutput", ("sampled_token_ids", "logprobs_tensors")),
     ("vllm.v1.sample.sampler", "Sampler.compute_logprobs", ("logits",)),
     ("vllm.v1.sample.sampler", "Sampler.gather_logprobs", ("logprobs", "num_logprobs", "token_ids")),
+    # output rules (penalties, allowed ids, bad words; min_tokens from its processor's rows, filled by add_request)
+    ("vllm.v1.sample.metadata", "SamplingMetadata",
+     ("no_penalties", "prompt_token_ids", "frequency_penalties", "presence_penalties", "repetition_penalties",
+      "output_token_ids", "allowed_token_ids_mask", "bad_words_token_ids", "logitsprocs")),
+    ("vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor.add_request", ("params", "output_tok_ids")),
     # admission: settings the worker does not apply are refused in the front end
     ("vllm.v1.engine.input_processor", "InputProcessor._validate_params", ("params",)),
     ("vllm.exceptions", "VLLMValidationError", ("message", "parameter")),

@@ -14,8 +14,9 @@ from typing import Optional
 
 import torch
 
+from ..output_rules import OutputRules
 from ..proposed_trees import ProposedTrees
-from ..sampler import SamplingParams, Verdict, verify_tree_rows
+from ..sampler import SamplingParams, Verdict, verify_tree, verify_tree_rows
 from ..speculator import DraftEntries, DraftRows
 from ..tree import DraftTree
 from .paged_kv import block_slots
@@ -115,9 +116,14 @@ class Step:
         nodes = torch.arange(self.tree.size)
         return offset[:, None] + torch.where(nodes[None] < self.node_count[:, None], nodes, 0)
 
-    def verify(self, logits, params: SamplingParams, method: str, random) -> None:
-        """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them."""
-        self.verdict = verify_tree_rows(self.tree, logits, self._logit_rows(), params, method, random)
+    def verify(self, logits, params: SamplingParams, method: str, random, rules: Optional[OutputRules] = None) -> None:
+        """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them. ``rules``:
+        the rows' penalties and the like, applied at each node for its path (a copy of the tree's logits)."""
+        if rules is None:
+            self.verdict = verify_tree_rows(self.tree, logits, self._logit_rows(), params, method, random)
+        else:
+            nodes = rules.apply(self.tree, logits[self._logit_rows()].float())
+            self.verdict = verify_tree(self.tree, nodes, params, method, random)
         self.emitted = self.verdict.emitted(self.tree).to(torch.int32)
 
     def sampled(self, tokens: torch.Tensor) -> None:

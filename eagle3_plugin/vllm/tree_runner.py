@@ -8,7 +8,8 @@ One engine step, for the whole batch at once (the scheduler, the KV manager and 
     target forward    every tree request's rows in one masked attention per layer, the CPU_ATTN kernel for the rest
     _sample           core verify_tree over all rows (greedy, or recursive rejection with the draft's real
                       probabilities) -> accepted tokens + bonus, as vLLM's rejection sampler would emit them; the
-                      accepted paths' KV moves to the slots of positions root + 1, root + 2, ...
+                      requests' penalties, min_tokens, allowed ids and bad words apply at each node for its path
+                      (:mod:`.output_rules`); the accepted paths' KV moves to the slots of positions root + 1, ...
     propose           core Speculator: one draft catch-up forward on every request's new entries, then one
                       forward per tree level; the draft's KV lives in vLLM's paged cache (the layer vLLM
                       allocated for its own EAGLE drafter), so prefix caching and preemption cover it
@@ -37,6 +38,7 @@ from ..speculator import Speculator, TreeShape
 from ..timings import PluginTimings
 from ..wave import QuietBatch
 from . import draft_handoff, paged_kv, tree_attention
+from .output_rules import output_rules
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
 from .step import Step, draft_entries, draft_rows, remaining_tokens, sampling_params
@@ -179,10 +181,9 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             self.timings.verify += time.perf_counter() - began
             return output
         metadata = self.input_batch.sampling_metadata
-        _check_supported(metadata)
         random = RowRandom(self._generator, metadata.generators)
         step.verify(logits, sampling_params(metadata, step.num_reqs, self.input_batch.vocab_size),
-                    self.eagle3.tree_sampler, random)
+                    self.eagle3.tree_sampler, random, output_rules(metadata, step.num_reqs))
         self._compact(step)
         logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -270,21 +271,6 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
                                       batch=step.num_reqs, warming=self._quiet.warming)
         self._drafted = shape
         return drafts
-
-
-def _check_supported(metadata) -> None:
-    """Settings our sampler does not apply never reach it: :mod:`.admission` refuses them (HTTP 400). Here, one
-    arriving anyway is our bug, and stops the engine rather than being ignored."""
-    unsupported = []
-    if not metadata.no_penalties:
-        unsupported.append("presence/frequency/repetition penalties")
-    if metadata.allowed_token_ids_mask is not None:
-        unsupported.append("allowed_token_ids")
-    if metadata.bad_words_token_ids:
-        unsupported.append("bad_words")
-    if unsupported:
-        raise RuntimeError("eagle3-plugin's worker received settings admission should have refused: "
-                           + ", ".join(unsupported))
 
 
 def install() -> None:

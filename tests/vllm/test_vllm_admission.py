@@ -1,7 +1,8 @@
 """What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings
 the worker honours come back right (logprobs of the emitted and of the prompt tokens equal the target's own
-log-probabilities; n, stop, seed, echo, beam search, any top_k work), settings it cannot honour get HTTP 400,
-streams the client drops mid-way end cleanly, and every later request is still served, unchanged."""
+log-probabilities; n, stop, seed, echo, beam search, any top_k, penalties, min_tokens, allowed ids and bad words are
+served), settings it cannot honour get HTTP 400, streams the client drops mid-way end cleanly, and every later
+request is still served, unchanged."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -67,14 +68,8 @@ def test_logprobs_are_the_targets(client, prompt, tok, target):
 
 
 REFUSED = {
-    "presence_penalty": dict(presence_penalty=0.5),
-    "frequency_penalty": dict(frequency_penalty=0.5),
-    "repetition_penalty": dict(extra_body={"repetition_penalty": 1.2}),
     "min_p": dict(temperature=1.0, extra_body={"min_p": 0.1}),  # greedy requests drop min_p
-    "min_tokens": dict(extra_body={"min_tokens": 4}),
     "logit_bias": dict(logit_bias={"17": 5}),
-    "allowed_token_ids": dict(extra_body={"allowed_token_ids": [5, 6, 7]}),
-    "bad_words": dict(extra_body={"bad_words": ["def"]}),
     "structured output": dict(extra_body={"structured_outputs": {"regex": "[a-z]+"}}),
 }
 
@@ -83,6 +78,24 @@ REFUSED = {
 def test_unsupported_settings_get_400_and_the_server_keeps_serving(client, prompt, setting):
     with pytest.raises(openai.BadRequestError, match="not (yet )?supported|does not support"):  # ours or vLLM's
         complete(client, prompt, **REFUSED[setting])
+    assert complete(client, prompt).usage.completion_tokens == MAX_TOKENS
+
+
+HONOURED = {  # their effect on the tokens is tested against vLLM without speculation (test_vllm_output_rules)
+    "penalties": dict(presence_penalty=0.5, frequency_penalty=0.5, extra_body={"repetition_penalty": 1.2}),
+    "min_tokens": dict(extra_body={"min_tokens": 4}),
+    "allowed_token_ids": dict(extra_body={"allowed_token_ids": [5, 6, 7]}),
+    "bad_words": dict(extra_body={"bad_words": ["def"]}),
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("setting", sorted(HONOURED))
+def test_output_rules_are_served_and_the_server_keeps_serving(client, prompt, setting, temperature):
+    out = complete(client, prompt, temperature, **HONOURED[setting]).choices[0]
+    assert out.finish_reason in ("length", "stop") and out.text
+    if setting == "allowed_token_ids":
+        assert out.text.strip(AutoTokenizer.from_pretrained(TARGET).decode([5, 6, 7])) == ""
     assert complete(client, prompt).usage.completion_tokens == MAX_TOKENS
 
 

@@ -1,0 +1,107 @@
+"""The output rules on a draft tree equal the rules applied to each node alone, with its context written out: the
+row's emitted tokens then the path's draft tokens below the root (what the engine would have emitted)."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from eagle3_plugin.output_rules import HeldBack, OutputRules
+from eagle3_plugin.tree import DraftTree
+
+V, N = 40, 12
+
+
+def random_trees(b: int, gen: torch.Generator) -> DraftTree:
+    parents = torch.full((b, N), -1, dtype=torch.long)
+    depths = torch.zeros(b, N, dtype=torch.long)
+    for row in range(b):
+        for node in range(1, N):
+            parent = int(torch.randint(0, node, (1,), generator=gen))
+            parents[row, node], depths[row, node] = parent, depths[row, parent] + 1
+    return DraftTree(torch.randint(0, 6, (b, N), generator=gen), parents, depths)  # few ids: repeats on paths
+
+
+def node_context(tree: DraftTree, row: int, node: int, emitted: list[int]) -> list[int]:
+    path = []
+    while node > 0:
+        path.append(int(tree.tokens[row, node]))
+        node = int(tree.parents[row, node])
+    return emitted + path[::-1]
+
+
+def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: OutputRules) -> torch.Tensor:
+    """The rules for one node's logits ``x [V]``, from their definitions."""
+    x = x.clone()
+    if rules.banned is not None:
+        x[rules.banned[row]] = float("-inf")
+    for word in rules.bad_words.get(row, []):
+        if len(word) == 1 or context[-(len(word) - 1):] == word[:-1]:
+            x[word[-1]] = float("-inf")
+    held = rules.held_back.get(row)
+    if held is not None and depth < held.remaining:
+        before = x.clone()
+        x[held.stop_ids] = float("-inf")
+        if held.restore and bool(torch.isneginf(x).all()):
+            x[held.stop_ids] = before[held.stop_ids]
+    if rules.prompt is not None:
+        counts = Counter(context)
+        count = torch.tensor([counts[t] for t in range(V)])
+        in_prompt = torch.tensor([t in set(rules.prompt[row].tolist()) for t in range(V)])
+        penalty = torch.where(in_prompt | (count > 0), rules.repetition[row], 1.0)
+        x = x * torch.where(x > 0, 1.0 / penalty, penalty)
+        x = x - rules.frequency[row] * count
+        x = x - rules.presence[row] * (count > 0)
+    return x
+
+
+def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_words=True, held=True) -> OutputRules:
+    emitted = [torch.randint(0, 6, (int(torch.randint(0, 5, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(b)]
+    rules = OutputRules(emitted)
+    if penalties:
+        rules.prompt = torch.randint(0, V + 1, (b, 7), generator=gen)  # V: padding
+        rules.presence = torch.tensor([0.0, 0.7, -0.4, 0.0, 1.5][:b])
+        rules.frequency = torch.tensor([0.0, 0.3, 0.0, 0.9, -0.2][:b])
+        rules.repetition = torch.tensor([1.0, 1.3, 1.0, 0.8, 2.0][:b])
+    if banned:
+        rules.banned = torch.zeros(b, V, dtype=torch.bool)
+        rules.banned[1, 20:] = True
+    if bad_words:
+        rules.bad_words = {0: [[3], [1, 2], [2, 2, 4]], 3: [[5, 1]]}
+    if held:
+        rules.held_back = {2: HeldBack(3, [0, 7]), 4: HeldBack(1, list(range(V)), restore=True),
+                           1: HeldBack(2, [21], restore=True)}
+    return rules
+
+
+@pytest.mark.parametrize("parts", [dict(), dict(banned=False, bad_words=False, held=False),
+                                   dict(penalties=False), dict(penalties=False, banned=False, bad_words=False)])
+def test_each_node_sees_its_own_path(parts):
+    gen = torch.Generator().manual_seed(3)
+    b = 5
+    tree = random_trees(b, gen)
+    logits = torch.randn(b, N, V, generator=gen) * 3
+    rules = rules_for(b, gen, **parts)
+    got = rules.apply(tree, logits.clone())
+    for row in range(b):
+        for node in range(N):
+            context = node_context(tree, row, node, rules.emitted[row])
+            want = one_node(logits[row, node], context, int(tree.depths[row, node]), row, rules)
+            assert torch.equal(got[row, node], want), (row, node, context)
+
+
+def test_rules_change_what_they_should_and_nothing_else():
+    gen = torch.Generator().manual_seed(5)
+    tree = random_trees(5, gen)
+    logits = torch.randn(5, N, V, generator=gen)
+    got = OutputRules([[] for _ in range(5)]).apply(tree, logits.clone())
+    assert torch.equal(got, logits)  # no rules: untouched
+    rules = rules_for(5, gen)
+    got = rules.apply(tree, logits.clone())
+    assert torch.isneginf(got[1, :, 20:]).all()  # banned ids, at every node
+    assert torch.isneginf(got[0, :, 3]).all()  # a bad word of one id
+    shallow = tree.depths[2] < 3
+    assert torch.isneginf(got[2][shallow][:, [0, 7]]).all() and torch.isfinite(got[2][~shallow][:, [0, 7]]).all()
+    at_root = got[4, 0]
+    assert torch.equal(at_root, one_node(logits[4, 0], rules.emitted[4], 0, 4, rules))  # all held back: restored

