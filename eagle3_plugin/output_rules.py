@@ -14,7 +14,7 @@ the id's count in the context), presence (minus ``p`` where it occurs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -35,12 +35,14 @@ class HeldBack:
 
 @dataclass
 class OutputRules:
-    """Per batch row ``b``. Rows without penalties have ``presence 0, frequency 0, repetition 1``.
+    """Per batch row ``b`` over a vocabulary of ``vocab_size`` ids. Rows without penalties have ``presence 0,
+    frequency 0, repetition 1``.
 
     ``emitted``: each row's emitted tokens, read by the penalties and bad words (rows with neither may be empty).
-    ``prompt [B, P]``: prompt ids padded with the vocabulary size, for the repetition penalty (None: no row has
+    ``prompt [B, P]``: prompt ids padded with ``vocab_size``, for the repetition penalty (None: no row has
     penalties). ``banned [B, V]``: True for ids the row may not emit (None: no row restricts them)."""
 
+    vocab_size: int
     emitted: list[list[int]]
     prompt: Optional[torch.Tensor] = None
     presence: Optional[torch.Tensor] = None
@@ -57,26 +59,54 @@ class OutputRules:
     def apply(self, tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
         """``logits [B, N, V]`` float, node ``j`` of row ``b`` the target's after that node: each node's adjusted for
         its context, in place (returned)."""
+        paths = tree.retrieve_indices()[:, :, 1:]  # [B, N, depth]: each node's path below the root
+        tokens = torch.where(paths >= 0, tree.tokens.gather(1, paths.clamp(min=0).flatten(1)).view_as(paths), -1)
+        return self.apply_at(tokens, tree.depths, logits)
+
+    def apply_at(self, paths: torch.Tensor, depths: torch.Tensor, logits: torch.Tensor,
+                 columns: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``logits [B, K, C]`` float after ``K`` nodes per row whose paths below the root are ``paths [B, K, D]``
+        (ids, -1 padded) at ``depths [B, K]``, adjusted in place (returned). ``columns [C]``: the id of each logit
+        column (a draft's vocabulary within the target's; default all ``vocab_size``)."""
         if self.banned is not None:
-            logits.masked_fill_(self.banned[:, None, :], float("-inf"))
+            banned = self.banned if columns is None else self.banned[:, columns]
+            logits.masked_fill_(banned[:, None, :], float("-inf"))
+        column_of = _column_index(columns, self.vocab_size) if (self.bad_words or self.held_back) else None
         for row, words in self.bad_words.items():
-            contexts = _contexts(tree, row, self.emitted[row])
-            for node, context in enumerate(contexts):
-                logits[row, node, _completed_bad_words(words, context)] = float("-inf")
+            for node in range(paths.shape[1]):
+                context = self.emitted[row] + [t for t in paths[row, node].tolist() if t >= 0]
+                logits[row, node, column_of(_completed_bad_words(words, context))] = float("-inf")
         for row, held in self.held_back.items():
-            _hold_back(logits[row], tree.depths[row], held)
+            _hold_back(logits[row], depths[row] < held.remaining, column_of(held.stop_ids), held.restore)
         if self.has_penalties:
-            _penalise(logits, tree, self)
+            _penalise(logits, paths, self, columns)
         return logits
 
+    def masks(self) -> Optional["OutputRules"]:
+        """The rules that only remove ids (allowed ids, bad words, ``min_tokens``), without the penalties; None if
+        there are none. A draft obeys these: the penalties are in the target's logit units, not the draft's."""
+        if self.banned is None and not self.bad_words and not self.held_back:
+            return None
+        return replace(self, prompt=None, presence=None, frequency=None, repetition=None)
 
-def _contexts(tree: DraftTree, row: int, emitted: list[int]) -> list[list[int]]:
-    """Per node of ``row``: the emitted tokens, then the draft tokens on the path below the root to the node."""
-    tokens, parents = tree.tokens[row].tolist(), tree.parents[row].tolist()
-    paths: list[list[int]] = []
-    for node, parent in enumerate(parents):  # topological: a parent comes before its children
-        paths.append([] if parent < 0 else paths[parent] + [tokens[node]])
-    return [emitted + path for path in paths]
+    def followed_by(self, tokens: list[list[int]]) -> "OutputRules":
+        """The rules once each row has also emitted ``tokens[b]`` (drafting after a step that emitted them)."""
+        held = {row: HeldBack(h.remaining - len(tokens[row]), h.stop_ids, h.restore)
+                for row, h in self.held_back.items() if h.remaining > len(tokens[row])}
+        return replace(self, emitted=[e + t for e, t in zip(self.emitted, tokens)], held_back=held)
+
+
+def _column_index(columns: Optional[torch.Tensor], vocab_size: int):
+    """ids -> the logit columns that hold them (ids without a column dropped)."""
+    if columns is None:
+        return lambda ids: torch.tensor(ids, dtype=torch.long)
+    where = torch.full((vocab_size,), -1, dtype=torch.long)
+    where[columns] = torch.arange(columns.numel())
+
+    def column_of(ids: list[int]) -> torch.Tensor:
+        found = where[torch.tensor(ids, dtype=torch.long)]
+        return found[found >= 0]
+    return column_of
 
 
 def _completed_bad_words(words: list[list[int]], context: list[int]) -> list[int]:
@@ -89,35 +119,36 @@ def _completed_bad_words(words: list[list[int]], context: list[int]) -> list[int
     return found
 
 
-def _hold_back(logits: torch.Tensor, depths: torch.Tensor, held: HeldBack) -> None:
-    """``logits [N, V]`` of one row: its stop ids masked at nodes shallower than ``held.remaining``."""
-    nodes = torch.nonzero(depths < held.remaining)[:, 0]
-    if nodes.numel() == 0 or not held.stop_ids:
+def _hold_back(logits: torch.Tensor, shallow: torch.Tensor, stop_columns: torch.Tensor, restore: bool) -> None:
+    """``logits [K, C]`` of one row: its stop ids' columns masked at the ``shallow [K]`` nodes (those with fewer than
+    ``min_tokens`` emitted before them)."""
+    nodes = torch.nonzero(shallow)[:, 0]
+    if nodes.numel() == 0 or stop_columns.numel() == 0:
         return
-    ids = torch.tensor(held.stop_ids, dtype=torch.long)
-    at = (nodes[:, None], ids[None])
+    at = (nodes[:, None], stop_columns[None])
     before = logits[at]
     logits[at] = float("-inf")
-    if held.restore:
+    if restore:
         nothing_left = torch.isneginf(logits[nodes]).all(-1)
         logits[at] = torch.where(nothing_left[:, None], before, logits[at])
 
 
-def _penalise(logits: torch.Tensor, tree: DraftTree, rules: OutputRules) -> None:
+def _penalise(logits: torch.Tensor, paths: torch.Tensor, rules: OutputRules, columns: Optional[torch.Tensor]) -> None:
     """The penalties at every node of the rows that have them, with each node's context counts."""
     rows = torch.nonzero((rules.presence != 0) | (rules.frequency != 0) | (rules.repetition != 1))[:, 0]
     if rows.numel() == 0:
         return
-    b, n, v = rows.numel(), logits.shape[1], logits.shape[2]
+    v, k = rules.vocab_size, paths.shape[1]
     emitted = [rules.emitted[r] for r in rows.tolist()]
     width = max(1, max(len(e) for e in emitted))
     padded = torch.tensor([e + [v] * (width - len(e)) for e in emitted], dtype=torch.long)
-    counts = torch.zeros(b, v + 1, dtype=torch.long).scatter_add_(1, padded, torch.ones_like(padded))
-    below_root = tree.ancestor_mask()[rows] & (torch.arange(n) > 0)  # [b, n, n]: j on the path to i, not the root
-    on_path = torch.zeros(b, n, v + 1, dtype=torch.long)
-    on_path.scatter_add_(2, tree.tokens[rows][:, None, :].expand(b, n, n).clamp(0, v), below_root.long())
-    counts = (counts[:, None, :] + on_path)[..., :v]  # [b, n, v]
-    in_prompt = torch.zeros(b, v + 1, dtype=torch.bool).scatter_(1, rules.prompt[rows], True)[:, :v]
+    counts = torch.zeros(rows.numel(), v + 1, dtype=torch.long).scatter_add_(1, padded, torch.ones_like(padded))
+    on_path = paths[rows]
+    on_path = torch.where(on_path >= 0, on_path, v)
+    counts = counts[:, None, :].repeat(1, k, 1).scatter_add_(2, on_path, torch.ones_like(on_path))[..., :v]
+    in_prompt = torch.zeros(rows.numel(), v + 1, dtype=torch.bool).scatter_(1, rules.prompt[rows], True)[:, :v]
+    if columns is not None:
+        counts, in_prompt = counts[..., columns], in_prompt[:, columns]
     seen = counts > 0
     x = logits[rows]
     penalty = torch.where(in_prompt[:, None, :] | seen, rules.repetition[rows][:, None, None], 1.0)

@@ -58,7 +58,7 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
 def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_words=True, held=True) -> OutputRules:
     emitted = [torch.randint(0, 6, (int(torch.randint(0, 5, (1,), generator=gen)),), generator=gen).tolist()
                for _ in range(b)]
-    rules = OutputRules(emitted)
+    rules = OutputRules(V, emitted)
     if penalties:
         rules.prompt = torch.randint(0, V + 1, (b, 7), generator=gen)  # V: padding
         rules.presence = torch.tensor([0.0, 0.7, -0.4, 0.0, 1.5][:b])
@@ -95,7 +95,7 @@ def test_rules_change_what_they_should_and_nothing_else():
     gen = torch.Generator().manual_seed(5)
     tree = random_trees(5, gen)
     logits = torch.randn(5, N, V, generator=gen)
-    got = OutputRules([[] for _ in range(5)]).apply(tree, logits.clone())
+    got = OutputRules(V, [[] for _ in range(5)]).apply(tree, logits.clone())
     assert torch.equal(got, logits)  # no rules: untouched
     rules = rules_for(5, gen)
     got = rules.apply(tree, logits.clone())
@@ -105,3 +105,25 @@ def test_rules_change_what_they_should_and_nothing_else():
     assert torch.isneginf(got[2][shallow][:, [0, 7]]).all() and torch.isfinite(got[2][~shallow][:, [0, 7]]).all()
     at_root = got[4, 0]
     assert torch.equal(at_root, one_node(logits[4, 0], rules.emitted[4], 0, 4, rules))  # all held back: restored
+
+
+def test_a_draft_vocabulary_gets_the_target_ids_columns():
+    """Logits over a subset of the ids (a draft's vocabulary, ``columns``) get exactly those ids' columns."""
+    gen = torch.Generator().manual_seed(7)
+    b, k, d = 5, 4, 3
+    paths = torch.randint(-1, 6, (b, k, d), generator=gen)
+    paths = torch.where(torch.cumsum(paths < 0, dim=2) > 0, -1, paths)  # padding only at the end
+    depths = (paths >= 0).sum(2)
+    columns = torch.tensor([0, 3, 5, 7, 21, 22, 30, 2])
+    logits = torch.randn(b, k, V, generator=gen)
+    rules = rules_for(b, gen)
+    whole = rules.apply_at(paths, depths, logits.clone())
+    part = rules.apply_at(paths, depths, logits[..., columns].clone(), columns)
+    assert torch.equal(part, whole[..., columns])
+
+
+def test_rules_followed_by_the_tokens_a_step_emitted():
+    rules = OutputRules(V, [[1], [2, 3]], held_back={0: HeldBack(3, [4]), 1: HeldBack(2, [4])})
+    after = rules.followed_by([[5, 6], [7, 8, 9]])
+    assert after.emitted == [[1, 5, 6], [2, 3, 7, 8, 9]] and rules.emitted == [[1], [2, 3]]
+    assert after.held_back == {0: HeldBack(1, [4])}  # row 1 has reached its minimum

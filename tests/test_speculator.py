@@ -237,3 +237,49 @@ def test_a_greedy_chain_is_what_the_draft_predicts_token_by_token(speculator, ta
             path.append(int(tree.tokens[row, node]))
         assert path == expected[row, :len(path)].tolist() and len(path) >= 2
         assert shape.top_k > 1 or len(path) == shape.depth + 1
+
+
+@pytest.mark.parametrize("shape", [TreeShape(4, 1, 5), TreeShape(4, 3, 12)])
+def test_a_greedy_chain_under_output_rules_is_the_draft_with_their_masks_token_by_token(speculator, target, shape):
+    """With rules, each node of the chain (a tree's first-child path) is the draft's argmax after its parent once the
+    rules' masks are applied for the path so far: ids banned, and a stop id held back for ``min_tokens``. Their
+    penalties are the target's alone (a frequency penalty of 100 here would forbid every repeat)."""
+    from eagle3_plugin.draft import ConcatAttention
+    from eagle3_plugin.output_rules import HeldBack, OutputRules
+
+    draft, c = speculator.draft, speculator.draft.config
+    v, hot = target.config.vocab_size, speculator.draft.hot_token_ids
+    g = torch.Generator().manual_seed(3)
+    b, n = 2, 7
+    tokens = torch.randint(3, v, (b, n), generator=g)
+    features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
+    banned = torch.zeros(b, v, dtype=torch.bool)
+    with torch.inference_mode():
+        attention = ConcatAttention(scale=draft.attention_scale)
+        hidden = draft(tokens, draft.fuse(features), torch.arange(n).expand(b, -1), attention)[:, -1:]
+        first, second = hot[draft.logits(hidden[:, 0]).topk(2).indices].unbind(-1)
+        banned[torch.arange(b), first] = True  # the draft's own first choice, everywhere
+        rules = OutputRules(v, [[] for _ in range(b)], prompt=torch.full((b, 1), v), presence=torch.zeros(b),
+                            frequency=torch.full((b,), 100.0), repetition=torch.ones(b), banned=banned,
+                            held_back={0: HeldBack(2, [int(second[0])])})  # row 0: its second choice, at depth < 2
+        kv = DraftKV.allocate(2 * 32, c.num_key_value_heads, c.head_dim, torch.float32)
+        rows = DraftRows(torch.arange(64).view(2, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
+                         features)
+        tree = speculator.step(kv, rows, SamplingParams.uniform(b), shape=shape, rules=rules)
+        expected = [tokens[:, -1]]
+        for level in range(1, shape.depth + 1):
+            x = draft.logits(hidden[:, 0]).float().masked_fill(banned[:, hot], float("-inf"))
+            if level <= 2:
+                x[0, hot == second[0]] = float("-inf")
+            expected.append(hot[x.argmax(-1)])
+            if level < shape.depth:
+                hidden = draft(expected[-1][:, None], hidden, torch.full((b, 1), n - 1 + level), attention)
+    expected = torch.stack(expected, 1)
+    assert int(expected[0, 1]) != int(second[0]) and int(expected[1, 1]) == int(second[1])
+    for row in range(b):
+        node, path = 0, [int(tree.tokens[row, 0])]
+        while bool((tree.parents[row] == node).any()):
+            node = int(torch.nonzero(tree.parents[row] == node)[0, 0])
+            path.append(int(tree.tokens[row, node]))
+        assert path == expected[row, :len(path)].tolist() and len(path) >= 2
+        assert int(first[row]) not in tree.tokens[row, 1:].tolist()

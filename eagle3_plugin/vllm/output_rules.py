@@ -14,14 +14,15 @@ from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from ..output_rules import HeldBack, OutputRules
 
 
-def output_rules(metadata, num_reqs: int) -> Optional[OutputRules]:
+def output_rules(metadata, num_reqs: int, vocab_size: int) -> Optional[OutputRules]:
     """The rules of the batch's first ``num_reqs`` rows, or None if no row has any (the common case, checked
-    without a loop over requests)."""
+    without a loop over requests). vLLM lists the rows' output only when penalties or bad words read it."""
     held = _held_back(metadata, num_reqs)
     if metadata.no_penalties and metadata.allowed_token_ids_mask is None and not metadata.bad_words_token_ids \
             and not held:
         return None
-    rules = OutputRules(emitted=metadata.output_token_ids[:num_reqs], held_back=held,
+    emitted = metadata.output_token_ids[:num_reqs] or [[] for _ in range(num_reqs)]
+    rules = OutputRules(vocab_size, emitted, held_back=held,
                         bad_words={row: words for row, words in metadata.bad_words_token_ids.items() if row < num_reqs})
     if not metadata.no_penalties:
         rules.prompt = metadata.prompt_token_ids[:num_reqs].long()

@@ -180,10 +180,10 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             step.sampled(output.sampled_token_ids[:, 0].long())
             self.timings.verify += time.perf_counter() - began
             return output
-        metadata = self.input_batch.sampling_metadata
+        metadata, vocab_size = self.input_batch.sampling_metadata, self.input_batch.vocab_size
         random = RowRandom(self._generator, metadata.generators)
-        step.verify(logits, sampling_params(metadata, step.num_reqs, self.input_batch.vocab_size),
-                    self.eagle3.tree_sampler, random, output_rules(metadata, step.num_reqs))
+        step.verify(logits, sampling_params(metadata, step.num_reqs, vocab_size), self.eagle3.tree_sampler, random,
+                    output_rules(metadata, step.num_reqs, vocab_size))
         self._compact(step)
         logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -246,8 +246,11 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             tree = None
         else:
             params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)
+            rules = output_rules(sampling_metadata, step.num_reqs, batch.vocab_size)
+            if rules is not None:  # vLLM lists this step's tokens among the output after drafting
+                rules = rules.followed_by([[t for t in row if t >= 0] for row in step.emitted.tolist()])
             tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
-                                        RowRandom(self._generator, sampling_metadata.generators), shape)
+                                        RowRandom(self._generator, sampling_metadata.generators), shape, rules)
         self._step = None
         self._pending.set(tree, batch.req_ids)
         if tree is None:

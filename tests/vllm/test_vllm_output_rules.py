@@ -88,7 +88,7 @@ def test_rules_at_each_node_are_vllms_own():
     depths = torch.tensor([[0, 1, 1, 2, 2, 2, 3, 3, 4, 5]] * b)
     tree = DraftTree(torch.randint(0, 8, (b, n), generator=gen), parents, depths)
     emitted = [[1, 2, 2], [], [7, 3, 5, 3]]
-    rules = OutputRules(emitted, prompt=torch.tensor([[4, 5, v], [6, v, v], [0, 1, 2]]),
+    rules = OutputRules(v, emitted, prompt=torch.tensor([[4, 5, v], [6, v, v], [0, 1, 2]]),
                         presence=torch.tensor([0.5, 0.0, -0.3]), frequency=torch.tensor([0.2, 0.7, 0.0]),
                         repetition=torch.tensor([1.3, 1.0, 0.7]), bad_words={0: [[2, 3], [5]], 2: [[3, 1, 4]]})
     logits = torch.randn(b, n, v, generator=gen)
