@@ -100,8 +100,7 @@ def _column_index(columns: Optional[torch.Tensor], vocab_size: int):
     """ids -> the logit columns that hold them (ids without a column dropped)."""
     if columns is None:
         return lambda ids: torch.tensor(ids, dtype=torch.long)
-    where = torch.full((vocab_size,), -1, dtype=torch.long)
-    where[columns] = torch.arange(columns.numel())
+    where = _column_tensor(columns, vocab_size)
 
     def column_of(ids: list[int]) -> torch.Tensor:
         found = where[torch.tensor(ids, dtype=torch.long)]
@@ -134,25 +133,50 @@ def _hold_back(logits: torch.Tensor, shallow: torch.Tensor, stop_columns: torch.
 
 
 def _penalise(logits: torch.Tensor, paths: torch.Tensor, rules: OutputRules, columns: Optional[torch.Tensor]) -> None:
-    """The penalties at every node of the rows that have them, with each node's context counts."""
+    """The penalties at every node of the rows that have them. Every logit is penalised for the row's emitted
+    counts, then the ids on each node's path (at most its depth) again from the raw logit with their full count:
+    memory of the logits' size, whatever the vocabulary (a dense count per node would be nodes x vocabulary)."""
     rows = torch.nonzero((rules.presence != 0) | (rules.frequency != 0) | (rules.repetition != 1))[:, 0]
     if rows.numel() == 0:
         return
-    v, k = rules.vocab_size, paths.shape[1]
+    v = rules.vocab_size
     emitted = [rules.emitted[r] for r in rows.tolist()]
     width = max(1, max(len(e) for e in emitted))
     padded = torch.tensor([e + [v] * (width - len(e)) for e in emitted], dtype=torch.long)
     counts = torch.zeros(rows.numel(), v + 1, dtype=torch.long).scatter_add_(1, padded, torch.ones_like(padded))
-    on_path = paths[rows]
-    on_path = torch.where(on_path >= 0, on_path, v)
-    counts = counts[:, None, :].repeat(1, k, 1).scatter_add_(2, on_path, torch.ones_like(on_path))[..., :v]
-    in_prompt = torch.zeros(rows.numel(), v + 1, dtype=torch.bool).scatter_(1, rules.prompt[rows], True)[:, :v]
-    if columns is not None:
-        counts, in_prompt = counts[..., columns], in_prompt[:, columns]
-    seen = counts > 0
-    x = logits[rows]
-    penalty = torch.where(in_prompt[:, None, :] | seen, rules.repetition[rows][:, None, None], 1.0)
-    x *= torch.where(x > 0, 1.0 / penalty, penalty)
-    x -= rules.frequency[rows][:, None, None] * counts
-    x -= rules.presence[rows][:, None, None] * seen
+    in_prompt = torch.zeros(rows.numel(), v + 1, dtype=torch.bool).scatter_(1, rules.prompt[rows], True)
+    repetition, frequency, presence = (t[rows][:, None, None] for t in (rules.repetition, rules.frequency,
+                                                                          rules.presence))
+    x = logits[rows]  # [R, K, C]
+    ids = paths[rows]  # [R, K, D]
+    column = ids if columns is None else _column_tensor(columns, v)[ids.clamp(min=0)]
+    on_path = (ids >= 0) & (column >= 0)
+    column = column.clamp(min=0)
+    raw = x.gather(2, column)
+    by_column = (slice(None), slice(None, v)) if columns is None else (slice(None), columns)
+    _penalties(x, counts[by_column][:, None, :], in_prompt[by_column][:, None, :], repetition, frequency, presence)
+    path_ids = ids.clamp(min=0).flatten(1)
+    repeats = ((ids[..., :, None] == ids[..., None, :]) & (ids >= 0)[..., None, :]).sum(-1)  # on the path itself
+    full = counts.gather(1, path_ids).view_as(ids) + repeats
+    again = _penalties(raw, full, in_prompt.gather(1, path_ids).view_as(ids), repetition, frequency, presence)
+    at = torch.nonzero(on_path, as_tuple=True)
+    x[at[0], at[1], column[at]] = again[at]
     logits[rows] = x
+
+
+def _penalties(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, repetition: torch.Tensor,
+               frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``apply_penalties`` on ``x`` in place (returned), for ids counted ``counts`` times in the context."""
+    seen = counts > 0
+    penalty = torch.where(in_prompt | seen, repetition, 1.0)
+    x *= torch.where(x > 0, 1.0 / penalty, penalty)
+    x -= frequency * counts
+    x -= presence * seen
+    return x
+
+
+def _column_tensor(columns: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[vocab_size]``: each id's logit column, -1 for ids without one."""
+    where = torch.full((vocab_size,), -1, dtype=torch.long)
+    where[columns] = torch.arange(columns.numel())
+    return where
