@@ -48,6 +48,9 @@ SHORT_ROW = 16
 # Steps without a tree whose entries are stored together (:meth:`Speculator.flush`), and the most entries waiting.
 DEFER_STEPS = 16
 DEFER_ENTRIES = 512  # 32 requests: 16 steps' entries, a flush's fixed cost shared by more (stop 41: -25 µs a step)
+# A draft logit the output rules mask (:class:`_RuledExpander`): finite, so a tree's scores stay finite through its
+# levels (a tree's depth of such sums stays far from float32's range), and probability 0 after the softmax.
+MASKED_DRAFT_LOGIT = -1e30
 
 
 @dataclass(frozen=True)
@@ -373,8 +376,12 @@ class _RuledExpander:
     either way). Penalties are left out: they are in the target's logit units, and on the draft's logits they moved
     acceptance both ways (bundled checkpoint, 12 prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round,
     frequency 0.5 3.49 -> 3.40). The draft's distribution is the one it draws from, so sampled trees stay lossless.
-    A node the masks leave no draft id keeps its raw logits (the target's vocabulary holds ids the draft's lacks):
-    its proposals are then rejected."""
+
+    A masked id gets :data:`MASKED_DRAFT_LOGIT`, not -inf: a node with fewer allowed ids than ``top_k`` still grows
+    ``top_k`` children, and the tree's scores must stay finite and fall strictly below their parent's (an -inf
+    parent's Gumbel would be NaN). Such children have draft probability 0, as the masked ids have target probability
+    0: verification rejects them. A node the masks leave no draft id keeps its raw logits (the target's vocabulary
+    holds ids the draft's lacks): its proposals are then rejected too."""
 
     def __init__(self, expand, rules: OutputRules, hot_ids: torch.Tensor, batch: int):
         self.expand, self.rules, self.hot_ids = expand, rules, hot_ids
@@ -390,10 +397,12 @@ class _RuledExpander:
         return self._ruled(self.expand(level, tokens, parent_slot), level)
 
     def _ruled(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """The frontier's draft logits under the masks, float32."""
         depths = torch.full(self.paths.shape[:2], depth, dtype=torch.long, device=logits.device)
-        ruled = self.rules.apply_at(self.paths, depths, logits.float().clone(), self.hot_ids)
-        nothing_left = torch.isneginf(ruled).all(-1, keepdim=True)
-        return torch.where(nothing_left, logits.float(), ruled).to(logits.dtype)
+        raw = logits.float()
+        masked = torch.isneginf(self.rules.apply_at(self.paths, depths, raw.clone(), self.hot_ids))
+        masked &= ~masked.all(-1, keepdim=True)
+        return raw.masked_fill(masked, MASKED_DRAFT_LOGIT)
 
 
 @dataclass(frozen=True)

@@ -283,3 +283,35 @@ def test_a_greedy_chain_under_output_rules_is_the_draft_with_their_masks_token_b
             path.append(int(tree.tokens[row, node]))
         assert path == expected[row, :len(path)].tolist() and len(path) >= 2
         assert int(first[row]) not in tree.tokens[row, 1:].tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_masks_that_leave_fewer_ids_than_top_k_still_grow_a_tree(speculator, target, temperature):
+    """Rules that allow two of the draft's ids, under a top_k of 3 (a served request with allowed_token_ids stopped
+    the engine this way when masked logits were -inf: an -inf parent's Gumbel is NaN). Every allowed id is proposed
+    first; the rest of each node's children carry draft probability 0, which verification always rejects."""
+    from eagle3_plugin.output_rules import OutputRules
+
+    c = speculator.draft.config
+    v, hot = target.config.vocab_size, speculator.draft.hot_token_ids
+    b, n = 3, 6
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(3, v, (b, n), generator=g)
+    features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
+    allowed = hot[[5, 9]]
+    banned = torch.ones(b, v, dtype=torch.bool)
+    banned[:, allowed] = False
+    kv = DraftKV.allocate(b * 32, c.num_key_value_heads, c.head_dim, torch.float32)
+    rows = DraftRows(torch.arange(b * 32).view(b, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
+                     features)
+    random = RowRandom(None, {r: torch.Generator().manual_seed(r) for r in range(b)})
+    tree = speculator.step(kv, rows, SamplingParams.uniform(b, temperature=temperature), random,
+                           shape=TreeShape(4, 3, 12), rules=OutputRules(v, [[] for _ in range(b)], banned=banned))
+    for row in range(b):
+        children = [set(tree.tokens[row][tree.parents[row] == node].tolist()) for node in range(12)]
+        assert children[0] >= set(allowed.tolist())  # the root's children: both allowed ids, then masked ones
+    if temperature > 0:
+        assert torch.isfinite(tree.draft_probs).all()
+        q_allowed = tree.draft_probs[..., [5, 9]].sum(-1)
+        expanded = tree.draft_probs.sum(-1) > 0
+        assert torch.allclose(q_allowed[expanded], torch.ones_like(q_allowed[expanded]))
