@@ -124,3 +124,24 @@ def test_subtle_mistakes_fail_the_same_test(mistake):
                                     verify=verify)
     exact = toy.exact_two_token(0, SamplingParams.uniform(1, temperature=1.0))
     assert pairs_pvalue(samples, exact) < 1e-6
+
+
+@pytest.mark.parametrize("params_name", ["T=1", "T=0.7,top_k=3"])
+def test_masked_ids_beyond_the_drafts_support_stay_lossless(params_name):
+    """Output rules that mask ids (allowed ids, bad words, min_tokens) leave the draft fewer ids than top_k: each
+    node still grows top_k children, the masked ones at draft probability 0 (the speculator's finite masked logit),
+    and target probability 0. The emitted tokens keep the masked target's law; masked ids never appear."""
+    from eagle3_plugin.speculator import MASKED_DRAFT_LOGIT
+
+    toy = Bigram(seed=1)
+    allowed = torch.cat([toy.hot_ids[:2], torch.tensor([i for i in range(toy.vocab) if i not in toy.hot_ids])])
+    masked = torch.ones(toy.vocab, dtype=torch.bool)
+    masked[allowed] = False  # two of the draft's ids, and the one id only the target has
+    toy.target = toy.target.masked_fill(masked, float("-inf"))
+    toy.draft = toy.draft.masked_fill(masked[toy.hot_ids], MASKED_DRAFT_LOGIT)
+    root = int(allowed[0])
+    samples = toy.sample_two_tokens(N, root=root, depth=3, top_k=3, total=8, params_row=PARAMS[params_name],
+                                    method="real", sample=True, seed=11)
+    exact = toy.exact_two_token(root, SamplingParams.uniform(1, **PARAMS[params_name]))
+    assert not bool(masked[samples].any())
+    assert pairs_pvalue(samples, exact) > ALPHA
