@@ -37,6 +37,7 @@ class Step:
     joined: bool = False  # a request joined the batch this step (new, or resumed after preemption)
     ended: bool = False  # a request ended since the last step
     waiting: bool = False  # requests wait in the scheduler: the batch is refilled as its requests end
+    rules: Optional[OutputRules] = None  # the rows' penalties and the like, as of this step (None: no row has any)
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
     began: float = 0.0  # when the step's preparation began (perf_counter)
@@ -116,13 +117,13 @@ class Step:
         nodes = torch.arange(self.tree.size)
         return offset[:, None] + torch.where(nodes[None] < self.node_count[:, None], nodes, 0)
 
-    def verify(self, logits, params: SamplingParams, method: str, random, rules: Optional[OutputRules] = None) -> None:
-        """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them. ``rules``:
-        the rows' penalties and the like, applied at each node for its path (a copy of the tree's logits)."""
-        if rules is None:
+    def verify(self, logits, params: SamplingParams, method: str, random) -> None:
+        """Decide every row: ``verdict`` and ``emitted``, as vLLM's rejection sampler would emit them. The step's
+        ``rules`` apply at each node for its path (on a copy of the tree's logits)."""
+        if self.rules is None:
             self.verdict = verify_tree_rows(self.tree, logits, self._logit_rows(), params, method, random)
         else:
-            nodes = rules.apply(self.tree, logits[self._logit_rows()].float())
+            nodes = self.rules.apply(self.tree, logits[self._logit_rows()].float())
             self.verdict = verify_tree(self.tree, nodes, params, method, random)
         self.emitted = self.verdict.emitted(self.tree).to(torch.int32)
 

@@ -175,15 +175,15 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         if step.tree_attention is not None:
             self.timings.tree_attention += step.tree_attention.seconds
         began = time.perf_counter()
+        metadata, vocab_size = self.input_batch.sampling_metadata, self.input_batch.vocab_size
+        step.rules = output_rules(metadata, step.num_reqs, vocab_size)  # for verification and the next trees
         if not step.has_trees:  # nothing to verify: vLLM's sampler decides, as without speculation (its rejection
             output = super()._sample(logits, None)  # sampler would draw the same bonus tokens, at more cost)
             step.sampled(output.sampled_token_ids[:, 0].long())
             self.timings.verify += time.perf_counter() - began
             return output
-        metadata, vocab_size = self.input_batch.sampling_metadata, self.input_batch.vocab_size
         random = RowRandom(self._generator, metadata.generators)
-        step.verify(logits, sampling_params(metadata, step.num_reqs, vocab_size), self.eagle3.tree_sampler, random,
-                    output_rules(metadata, step.num_reqs, vocab_size))
+        step.verify(logits, sampling_params(metadata, step.num_reqs, vocab_size), self.eagle3.tree_sampler, random)
         self._compact(step)
         logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -246,9 +246,9 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             tree = None
         else:
             params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)
-            rules = output_rules(sampling_metadata, step.num_reqs, batch.vocab_size)
-            if rules is not None:  # vLLM lists this step's tokens among the output after drafting
-                rules = rules.followed_by([[t for t in row if t >= 0] for row in step.emitted.tolist()])
+            rules = step.rules  # vLLM lists this step's tokens among the output after drafting
+            if rules is not None:
+                rules = rules.followed_by(step.verdict.output_tokens(step.tree))
             tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
                                         RowRandom(self._generator, sampling_metadata.generators), shape, rules)
         self._step = None
