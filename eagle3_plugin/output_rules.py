@@ -6,10 +6,16 @@ emitted tokens (the root, its last one, among them) followed by the path's draft
 node's logits are exactly those the engine would sample from had it emitted that path. Verification over them stays
 lossless: greedy rows take their argmax, sampled rows the rejection rule with ``p`` from them.
 
-Order and arithmetic are vLLM's sampler's (``Sampler.apply_logits_processors``): ids outside ``allowed_token_ids``,
-then bad words, then ``min_tokens`` (stop ids held back), then the penalties (``apply_penalties``): repetition
-(for ids in the prompt or the context, a logit > 0 times ``1 / r``, else times ``r``), frequency (minus ``f`` times
-the id's count in the context), presence (minus ``p`` where it occurs).
+The masks come first: ids outside ``allowed_token_ids``, then bad words, then ``min_tokens`` (stop ids held back).
+The penalties follow in one of two engines' arithmetic (:attr:`OutputRules.arithmetic`):
+
+- ``"vllm"`` (``Sampler.apply_logits_processors``, ``apply_penalties``): repetition (for ids in the prompt or the
+  context, a logit > 0 times ``1 / r``, else times ``r``), then frequency (minus ``f`` times the id's count in the
+  context), then presence (minus ``p`` where it occurs);
+- ``"sglang"`` (its penalizers summed as ``SamplingBatchInfo.update_penalties`` sums them, the form its speculative
+  verification applies): ``x + -(F + P)``, ``F`` being ``f`` added once per occurrence in float32 (its frequency
+  penalizer's running sum) and ``P`` ``p`` where the id occurs; then repetition, ``x * r`` where ``x < 0`` else
+  ``x / r``, for ids in the output only (the prompt is not read).
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ class OutputRules:
     frequency 0, repetition 1``.
 
     ``emitted``: each row's emitted tokens, read by the penalties and bad words (rows with neither may be empty).
-    ``prompt [B, P]``: prompt ids padded with ``vocab_size``, for the repetition penalty (None: no row has
-    penalties). ``banned [B, V]``: True for ids the row may not emit (None: no row restricts them)."""
+    ``prompt [B, P]``: prompt ids padded with ``vocab_size``, for vLLM's repetition penalty (None: no row has
+    penalties; SGLang's arithmetic ignores it). ``banned [B, V]``: True for ids the row may not emit (None: no row
+    restricts them). ``arithmetic``: whose penalties, ``"vllm"`` or ``"sglang"`` (see the module's docstring)."""
 
     vocab_size: int
     emitted: list[list[int]]
@@ -51,6 +58,11 @@ class OutputRules:
     held_back: dict[int, HeldBack] = field(default_factory=dict)
     banned: Optional[torch.Tensor] = None
     bad_words: dict[int, list[list[int]]] = field(default_factory=dict)
+    arithmetic: str = "vllm"
+
+    def __post_init__(self):
+        if self.arithmetic not in _PENALTIES:
+            raise ValueError(f"arithmetic must be one of {sorted(_PENALTIES)}, not {self.arithmetic!r}")
 
     @property
     def has_penalties(self) -> bool:
@@ -154,18 +166,19 @@ def _penalise(logits: torch.Tensor, paths: torch.Tensor, rules: OutputRules, col
     column = column.clamp(min=0)
     raw = x.gather(2, column)
     by_column = (slice(None), slice(None, v)) if columns is None else (slice(None), columns)
-    _penalties(x, counts[by_column][:, None, :], in_prompt[by_column][:, None, :], repetition, frequency, presence)
+    penalties = _PENALTIES[rules.arithmetic]
+    penalties(x, counts[by_column][:, None, :], in_prompt[by_column][:, None, :], repetition, frequency, presence)
     path_ids = ids.clamp(min=0).flatten(1)
     repeats = ((ids[..., :, None] == ids[..., None, :]) & (ids >= 0)[..., None, :]).sum(-1)  # on the path itself
     full = counts.gather(1, path_ids).view_as(ids) + repeats
-    again = _penalties(raw, full, in_prompt.gather(1, path_ids).view_as(ids), repetition, frequency, presence)
+    again = penalties(raw, full, in_prompt.gather(1, path_ids).view_as(ids), repetition, frequency, presence)
     at = torch.nonzero(on_path, as_tuple=True)
     x[at[0], at[1], column[at]] = again[at]
     logits[rows] = x
 
 
-def _penalties(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, repetition: torch.Tensor,
-               frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+def _vllm_penalties(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, repetition: torch.Tensor,
+                    frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
     """vLLM's ``apply_penalties`` on ``x`` in place (returned), for ids counted ``counts`` times in the context."""
     seen = counts > 0
     penalty = torch.where(in_prompt | seen, repetition, 1.0)
@@ -173,6 +186,31 @@ def _penalties(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, r
     x -= frequency * counts
     x -= presence * seen
     return x
+
+
+def _sglang_penalties(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, repetition: torch.Tensor,
+                      frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """SGLang's penalizers on ``x [R, K, C]`` in place (returned), for ids counted ``counts`` times in the output
+    (``in_prompt`` unread: its repetition penalty reads the output only). ``-(F + P)`` equals SGLang's
+    ``0 - F - P`` bit for bit, in either order (negation and float addition are exact under reordering here)."""
+    seen = counts > 0
+    x += -(_running_sums(frequency, counts) + torch.where(seen, presence, 0.0))
+    scale = torch.where(seen, repetition, 1.0)
+    x.copy_(torch.where(x < 0, x * scale, x / scale))
+    return x
+
+
+def _running_sums(step: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``[R, K, C]``: ``step [R, 1, 1]`` added to a float32 zero ``counts`` times, one add at a time (SGLang's
+    frequency penalizer adds its penalty at each occurrence: ``n * f`` can differ from that in the last bit)."""
+    sums = [torch.zeros_like(step[:, :, 0])]
+    for _ in range(int(counts.max()) if counts.numel() else 0):
+        sums.append(sums[-1] + step[:, :, 0])
+    table = torch.cat(sums, dim=1)  # [R, max count + 1]
+    return table[:, None, :].expand(-1, counts.shape[1], -1).gather(2, counts)
+
+
+_PENALTIES = {"vllm": _vllm_penalties, "sglang": _sglang_penalties}
 
 
 def _column_tensor(columns: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -44,6 +44,8 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
         x[held.stop_ids] = float("-inf")
         if held.restore and bool(torch.isneginf(x).all()):
             x[held.stop_ids] = before[held.stop_ids]
+    if rules.prompt is not None and rules.arithmetic == "sglang":
+        return sglang_penalised(x, context, row, rules)
     if rules.prompt is not None:
         counts = Counter(context)
         count = torch.tensor([counts[t] for t in range(V)])
@@ -55,10 +57,23 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
     return x
 
 
-def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_words=True, held=True) -> OutputRules:
+def sglang_penalised(x: torch.Tensor, context: list[int], row: int, rules: OutputRules) -> torch.Tensor:
+    """SGLang's penalizers as they run: one update per emitted token (frequency added, presence and repetition set),
+    then the additive ones summed into zeros and added, then the repetition scaling."""
+    frequency, presence, repetition = torch.zeros(V), torch.zeros(V), torch.ones(V)
+    for token in context:
+        frequency[token] += rules.frequency[row]
+        presence[token] = rules.presence[row]
+        repetition[token] = rules.repetition[row]
+    x = x + (torch.zeros(V) - frequency - presence)
+    return torch.where(x < 0, x * repetition, x / repetition)
+
+
+def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_words=True, held=True,
+              arithmetic="vllm") -> OutputRules:
     emitted = [torch.randint(0, 6, (int(torch.randint(0, 5, (1,), generator=gen)),), generator=gen).tolist()
                for _ in range(b)]
-    rules = OutputRules(V, emitted)
+    rules = OutputRules(V, emitted, arithmetic=arithmetic)
     if penalties:
         rules.prompt = torch.randint(0, V + 1, (b, 7), generator=gen)  # V: padding
         rules.presence = torch.tensor([0.0, 0.7, -0.4, 0.0, 1.5][:b])
@@ -76,7 +91,8 @@ def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_wor
 
 
 @pytest.mark.parametrize("parts", [dict(), dict(banned=False, bad_words=False, held=False),
-                                   dict(penalties=False), dict(penalties=False, banned=False, bad_words=False)])
+                                   dict(penalties=False), dict(penalties=False, banned=False, bad_words=False),
+                                   dict(arithmetic="sglang"), dict(arithmetic="sglang", banned=False, bad_words=False)])
 def test_each_node_sees_its_own_path(parts):
     gen = torch.Generator().manual_seed(3)
     b = 5
@@ -127,3 +143,23 @@ def test_rules_followed_by_the_tokens_a_step_emitted():
     after = rules.followed_by([[5, 6], [7, 8, 9]])
     assert after.emitted == [[1, 5, 6], [2, 3, 7, 8, 9]] and rules.emitted == [[1], [2, 3]]
     assert after.held_back == {0: HeldBack(1, [4])}  # row 1 has reached its minimum
+
+
+def test_sglang_frequency_is_its_running_float_sum():
+    """SGLang adds ``f`` once per occurrence: from 6 or 7 occurrences of 0.3 or 0.1 that sum differs from ``n * f``."""
+    gen = torch.Generator().manual_seed(11)
+    emitted = [[2] * 6, [4] * 5]
+    paths = torch.tensor([[[2, 2, -1], [2, 3, 2]], [[4, 4, 4], [4, -1, -1]]])
+    depths = (paths >= 0).sum(2)
+    rules = OutputRules(V, emitted, prompt=torch.empty(2, 0, dtype=torch.long), presence=torch.zeros(2),
+                        frequency=torch.tensor([0.3, 0.1]), repetition=torch.ones(2), arithmetic="sglang")
+    logits = torch.randn(2, 2, V, generator=gen)
+    got = rules.apply_at(paths, depths, logits.clone())
+    multiplied = 0
+    for row in range(2):
+        for node in range(2):
+            context = emitted[row] + [t for t in paths[row, node].tolist() if t >= 0]
+            assert torch.equal(got[row, node], sglang_penalised(logits[row, node], context, row, rules))
+            token, count = context[0], Counter(context)[context[0]]
+            multiplied += bool(got[row, node, token] != logits[row, node, token] - rules.frequency[row] * count)
+    assert multiplied > 0

@@ -78,12 +78,7 @@ def sglang_default_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 UNSUPPORTED_SETTINGS = (
     # (sampling_params key, value that means "off", what it is)
-    ("frequency_penalty", 0.0, "frequency_penalty"),
-    ("presence_penalty", 0.0, "presence_penalty"),
-    ("repetition_penalty", 1.0, "repetition_penalty"),
     ("min_p", 0.0, "min_p"),
-    ("min_new_tokens", 0, "min_new_tokens"),
-    ("logit_bias", None, "logit_bias"),
     ("json_schema", None, "json_schema"),
     ("regex", None, "regex"),
     ("ebnf", None, "ebnf"),

@@ -9,6 +9,9 @@ forward and SGLang's KV bookkeeping are untouched):
               over the trees, our sampler via eagle_sample, KV compaction of the accepted path) -> Speculator:
               catch-up on the accepted paths, next trees
 
+Requests' penalties, ``min_new_tokens`` and ``logit_bias`` apply at every tree node for its own path
+(:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids.
+
 The tree shape of each step comes from the core's :class:`~eagle3_plugin.budget.TreeBudget` (``budget: "auto"``,
 the default: the configured tree, its chain or none, whichever the step's load pays for; ``"fixed"``: always the
 configured tree). SGLang allocates every request ``--speculative-num-draft-tokens`` slots per step and reads the
@@ -28,6 +31,7 @@ import logging
 import os
 import time
 import weakref
+from typing import Optional
 
 import torch
 from torch import nn
@@ -35,6 +39,7 @@ from torch import nn
 from ..budget import PendingRecord, TreeBudget
 from ..checkpoint import validate_against_target
 from ..convert import load_source
+from ..output_rules import OutputRules
 from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..sampler import SamplingParams
@@ -43,6 +48,7 @@ from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from ..wave import QuietBatch
 from . import capture, settings
+from .output_rules import check_roots, output_rules
 from .verify import TreeVerifyInput, build_verify_input
 from .waiting import waiting
 
@@ -136,7 +142,10 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
         rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features, src)
-        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, step_began)
+        rules = output_rules(batch, self.vocab_size)  # SGLang lists the first token after this step
+        if rules is not None:
+            rules = rules.followed_by([[t] for t in tails.tolist()])
+        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, step_began, rules)
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
@@ -150,8 +159,12 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         if trees is None or not bool(found.all()):
             raise RuntimeError("eagle3-plugin: a request reached decode without a proposed tree")
         params, random = self._sampling(batch)
+        rules = output_rules(batch, self.vocab_size)
+        if rules is not None:
+            check_roots(batch, trees.tokens[:, 0])
         verify_input = build_verify_input(trees, batch.seq_lens, params=params, random=random,
-                                          method=self.eagle3.tree_sampler, vocab_size=self.vocab_size, topk=self.topk)
+                                          method=self.eagle3.tree_sampler, vocab_size=self.vocab_size, topk=self.topk,
+                                          rules=rules, logit_bias=batch.sampling_info.logit_bias)
         root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
         self.timings.prepare += time.perf_counter() - began
@@ -164,7 +177,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         verified = self._drafted
         rows = DraftRows(self._slots(batch, root_position + count), root_position, count,
                          verdict.emitted(trees).clamp(min=0), self.capture.features, nodes)
-        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, step_began)
+        if rules is not None:  # the next trees' roots follow this step's tokens
+            rules = rules.followed_by(verdict.output_tokens(trees))
+        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, step_began, rules)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             if verified.total_tokens == 1:  # nothing was verified: no acceptance to record
@@ -187,10 +202,11 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             finalize_tree_path=True, grammar_barrier=grammar_barrier)
 
     def _propose(self, rids: list, rows: DraftRows, params: SamplingParams, random: RowRandom, batch,
-                 step_began: float) -> tuple[TreeShape, float]:
+                 step_began: float, rules: Optional[OutputRules]) -> tuple[TreeShape, float]:
         """Catch every request (``rids``, the batch's order) up on ``rows`` (the draft's KV into SGLang's draft pool)
         and keep its next tree, of the shape the budget picks (the root alone for none; ``step_began``: when the step
-        began, for :class:`~eagle3_plugin.wave.QuietBatch`); returns that shape and the seconds it took."""
+        began, for :class:`~eagle3_plugin.wave.QuietBatch`; ``rules``: the requests' as of the next roots, whose
+        masks the draft obeys); returns that shape and the seconds it took."""
         began = time.perf_counter()
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
@@ -205,7 +221,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
                                     waiting(batch) > 0)
         shape = self.budget.shape(len(rids), seeded=bool(random.rows), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
-        trees = self.speculator.step(self._draft_kv, rows, params, random, shape)
+        trees = self.speculator.step(self._draft_kv, rows, params, random, shape, rules)
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
         ended_at = time.perf_counter()
         self._quiet.step_ended(ended_at)

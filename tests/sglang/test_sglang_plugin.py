@@ -6,10 +6,16 @@
   verifies greedily on CPU whatever the temperature (``eagle_utils._verify_uses_greedy``) and fails the T = 1 test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
+- Penalties (frequency, presence, repetition), ``min_new_tokens`` and ``logit_bias``, alone and mixed: greedy outputs
+  equal SGLang's without speculation, with its overlap scheduler off (SGLang turns it off for speculation on CPU;
+  with it on, its penalties read the output one token late), and each setting changes them. At T = 1 they are
+  served and ``min_new_tokens`` holds the stop ids back. Our per-node rules equal SGLang's own penalizers bit for
+  bit (tests/sglang_support/same_penalties.py).
 - Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving.
 - An unsupported SGLang version stops the plugin with one clear error.
 """
 
+import os
 import subprocess
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +28,16 @@ from bundled import DRAFT, HELDOUT, TARGET
 from eagle3_plugin.convert import convert
 from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.sglang.server import post_json
-from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, server
+from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, SUPPORT, server
 from law_cases import ALPHA, GROUPS, LENGTH, N, group_prompts, group_pvalue, mixed_order, mixed_pvalues
 
+SAME_PENALTIES = os.path.join(SUPPORT, "same_penalties.py")
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
+STOP = 376  # a token the bundled target's greedy outputs hold early
+RULES = [{"frequency_penalty": 0.6}, {"presence_penalty": 0.8}, {"repetition_penalty": 1.3},
+         {"min_new_tokens": 30, "stop_token_ids": [STOP]},
+         {"frequency_penalty": 1.5, "presence_penalty": -0.3, "min_new_tokens": 12},
+         {"logit_bias": {str(STOP): -100.0, "14": 1.5}, "frequency_penalty": 0.4}]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +51,23 @@ def ours(tmp_path_factory):
     args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT, *TREE]
     with server(TARGET, args, str(tmp_path_factory.mktemp("sgl") / "ours.log")) as s:
         yield s
+
+
+def greedy(srv, prompts: list, settings: dict) -> list:
+    out = srv.generate(prompts, [{"max_new_tokens": 40, "temperature": 0, **settings}] * len(prompts), timeout=1200)
+    return [o["output_ids"] for o in out]
+
+
+@pytest.fixture(scope="module")
+def plain_with_rules(prompts, tmp_path_factory):
+    """SGLang without speculation and without its overlap scheduler: greedy outputs of 6 prompts, plain then with each
+    of :data:`RULES` (the server is down before ours starts: an idle SGLang server still takes CPU). No setting mixes
+    the repetition penalty with the others: there this SGLang applies its penalizers in a Python set's order, which
+    differs between processes (``BatchedPenalizerOrchestrator.apply``); with speculation, and with the overlap
+    scheduler, it adds the others first, as ours does."""
+    log = str(tmp_path_factory.mktemp("sgl") / "plain.log")
+    with server(TARGET, ["--disable-overlap-schedule"], log, plugins=STOCK_PLUGINS) as plain:
+        return [greedy(plain, prompts[:6], rules) for rules in [{}, *RULES]]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +91,29 @@ def test_stock_sglang_cpu_fails_the_sampling_test(law_prompts, tmp_path):
     with server(TARGET, args, str(tmp_path / "stock.log"), plugins=STOCK_PLUGINS) as stock:
         generations = sample(stock, [law_prompts["T=1"]] * 1000, [GROUPS["T=1"][1]] * 1000)
     assert group_pvalue(law_prompts, "T=1", generations) < 1e-6
+
+
+def test_greedy_with_penalties_and_min_new_tokens_equals_sglang_without_speculation(plain_with_rules, ours, prompts):
+    unruled, *ruled = plain_with_rules
+    assert greedy(ours, prompts[:6], {}) == unruled
+    for rules, theirs in zip(RULES, ruled):
+        assert theirs != unruled, rules  # the setting changes the target's output
+        assert greedy(ours, prompts[:6], rules) == theirs, rules
+
+
+def test_penalties_and_min_new_tokens_at_temperature_1_are_served(ours, prompts):
+    stops = sorted({t for out in greedy(ours, prompts[:6], {}) for t in out[:4]})  # ids a sampled output meets early
+    settings = {"temperature": 1.0, "sampling_seed": 7, "max_new_tokens": 40, "min_new_tokens": 20,
+                "stop_token_ids": stops, "frequency_penalty": 0.5, "presence_penalty": 0.5, "repetition_penalty": 1.1}
+    outs = [o["output_ids"] for o in ours.generate(prompts[:8], [settings] * 8, timeout=1200)]
+    assert all(len(out) >= 20 and not set(out[:20]) & set(stops) for out in outs), outs
+    unheld = [o["output_ids"] for o in ours.generate(prompts[:8], [{**settings, "min_new_tokens": 0}] * 8)]
+    assert min(len(out) for out in unheld) < 20  # without the minimum, those stop ids end some outputs early
+
+
+def test_our_rules_at_each_node_equal_sglangs_own_penalizers():
+    proc = subprocess.run([SGLANG_PYTHON, SAME_PENALTIES], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-3000:]
 
 
 def test_four_tokens_at_temperature_1_have_the_target_law(ours, law_prompts):
@@ -101,7 +153,7 @@ def test_logprobs_of_speculated_tokens_are_returned(ours, prompts):
     assert all(entry[0] <= 0 for entry in logprobs) and out["meta_info"]["spec_verify_ct"] < 24
 
 
-@pytest.mark.parametrize("setting", [{"frequency_penalty": 0.5}, {"min_p": 0.1}, {"regex": "[a-z]+"}])
+@pytest.mark.parametrize("setting", [{"min_p": 0.1}, {"regex": "[a-z]+"}, {"json_schema": '{"type": "string"}'}])
 def test_settings_the_verifier_would_ignore_are_refused(ours, prompts, setting):
     with pytest.raises(urllib.error.HTTPError) as e:
         ours.generate(prompts[0], {"max_new_tokens": 4, **setting})
