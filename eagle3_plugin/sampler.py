@@ -14,8 +14,9 @@ Every engine integration, the reference generator and the statistical tests call
 
 ``p`` is the target distribution after temperature, top-k and top-p, the way the serving engine filters
 (:data:`FilterOrder`): vLLM and HF transformers apply top-p to what top-k kept, renormalised ("sequential");
-SGLang applies both to the temperature-scaled distribution at once ("joint", its torch and flashinfer samplers).
-Lossless means the engine's own law, so each engine's shim names its order.
+SGLang applies both to the temperature-scaled distribution at once ("joint", its torch and flashinfer samplers),
+then min-p (ids below ``min_p`` times the most likely id's probability dropped). Lossless means the engine's own
+law, so each engine's shim names its order.
 """
 
 from __future__ import annotations
@@ -34,31 +35,37 @@ FilterOrder = Literal["sequential", "joint"]
 
 @dataclass
 class SamplingParams:
-    """Per-row sampling settings: ``temperature [B]`` (0 = greedy), ``top_k [B]`` (0 = off), ``top_p [B]``; and
-    the engine's ``filter_order`` for top-k with top-p (see the module docstring)."""
+    """Per-row sampling settings: ``temperature [B]`` (0 = greedy), ``top_k [B]`` (0 = off), ``top_p [B]``; the
+    engine's ``filter_order`` for top-k with top-p (see the module docstring); ``min_p [B]`` (0 = off; None: off in
+    every row), in the joint order only (SGLang's)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
     filter_order: FilterOrder = "sequential"
+    min_p: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.filter_order not in ("sequential", "joint"):
             raise ValueError(f"unknown top-k/top-p filter order {self.filter_order!r}")
+        if self.min_p is not None and self.filter_order != "joint":
+            raise ValueError("min_p is applied in the joint filter order (SGLang's) only")
 
     @classmethod
     def uniform(cls, batch: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                device=None, filter_order: FilterOrder = "sequential") -> "SamplingParams":
+                device=None, filter_order: FilterOrder = "sequential", min_p: float = 0.0) -> "SamplingParams":
         return cls(torch.full((batch,), float(temperature), device=device),
                    torch.full((batch,), int(top_k), dtype=torch.long, device=device),
-                   torch.full((batch,), float(top_p), device=device), filter_order)
+                   torch.full((batch,), float(top_p), device=device), filter_order,
+                   torch.full((batch,), float(min_p), device=device) if min_p else None)
 
     @property
     def greedy(self) -> torch.Tensor:
         return self.temperature <= 0
 
     def select(self, rows: torch.Tensor) -> "SamplingParams":
-        return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.filter_order)
+        return SamplingParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.filter_order,
+                              None if self.min_p is None else self.min_p[rows])
 
 
 @dataclass
@@ -119,14 +126,17 @@ def _sequential_top_k_top_p(scaled: torch.Tensor, params: SamplingParams, shape:
 
 def _joint_top_k_top_p(probs: torch.Tensor, params: SamplingParams, shape: tuple) -> torch.Tensor:
     """SGLang's order (``top_k_top_p_min_p_sampling_from_probs_torch``): by rank in the scaled distribution, a token
-    stays if it is among the top_k and the mass ranked above it is at most top_p; then renormalise. Ties rank the
-    lower id first (SGLang's sort leaves their order open)."""
-    if not bool(((params.top_k > 0) | (params.top_p < 1)).any()):
+    stays if it is among the top_k, the mass ranked above it is at most top_p, and its probability is at least min_p
+    times the first's; then renormalise. Ties rank the lower id first (SGLang's sort leaves their order open)."""
+    min_p = params.min_p if params.min_p is not None and bool((params.min_p > 0).any()) else None
+    if min_p is None and not bool(((params.top_k > 0) | (params.top_p < 1)).any()):
         return probs
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     rank = torch.arange(probs.shape[-1], device=probs.device)
     drop_sorted = ((rank >= _top_k_counts(params, probs.shape[-1], shape))
                    | ((sorted_p.cumsum(-1) - sorted_p) > params.top_p.view(shape)))
+    if min_p is not None:
+        drop_sorted |= sorted_p < sorted_p[..., :1] * min_p.view(shape)
     return _without_sorted(probs, order, drop_sorted)
 
 

@@ -7,13 +7,15 @@ p = softmax(logits / T) restricted by top-k, then top-p, renormalised each time:
 - T = 0 is greedy: all mass on the first argmax.
 
 ``joint=True`` is SGLang's order instead: both filters read softmax(logits / T) itself; a token stays if it is among
-the k most probable (the lower id first among equal ones) and the mass ranked above it is at most p.
+the k most probable (the lower id first among equal ones) and the mass ranked above it is at most p; then min-p
+(joint only) drops those kept whose probability is below ``min_p`` times the most probable's.
 """
 
 import numpy as np
 
 
-def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, joint: bool = False) -> np.ndarray:
+def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, joint: bool = False,
+               min_p: float = 0.0) -> np.ndarray:
     logits = np.asarray(logits, dtype=np.float64)
     if temperature <= 0:
         out = np.zeros_like(logits)
@@ -21,7 +23,8 @@ def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, j
         return out
     scaled = logits / temperature
     if joint:
-        return _joint_law(scaled, top_k, top_p)
+        return _joint_law(scaled, top_k, top_p, min_p)
+    assert min_p == 0, "min_p is SGLang's, in the joint order"
     keep = np.ones(scaled.shape, dtype=bool)
     if 0 < top_k < scaled.size:
         kth = np.sort(scaled)[::-1][top_k - 1]
@@ -43,7 +46,7 @@ def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, j
     return probs
 
 
-def _joint_law(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+def _joint_law(scaled: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray:
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     order = sorted(range(probs.size), key=lambda i: (-probs[i], i))
@@ -51,7 +54,8 @@ def _joint_law(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     for rank, i in enumerate(order):
         if (0 < top_k <= rank) or above > top_p:
             break
-        kept.append(i)
+        if probs[i] >= min_p * probs[order[0]]:
+            kept.append(i)
         above += probs[i]
     out = np.zeros_like(probs)
     out[kept] = probs[kept]

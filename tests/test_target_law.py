@@ -2,8 +2,8 @@
 cases (ties at the k-th value, a top-p boundary exactly on a cumulative sum) and random ones; and against vLLM's own
 top-k/top-p (``apply_top_k_top_p_pytorch``): the same support on random logits. Where ours and vLLM's differ by
 design: vLLM orders tokens by an unstable ascending sort, so which of several equal-probability tokens survives at a
-top-p boundary is up to its sort; ours keeps the lower token id (stable). SGLang's joint order is checked against the
-reference here, and against SGLang's own filter in tests/sglang/test_sglang_plugin.py."""
+top-p boundary is up to its sort; ours keeps the lower token id (stable). SGLang's joint order (min-p included) is
+checked against the reference here, and against SGLang's own filter in tests/sglang/test_sglang_plugin.py."""
 
 import math
 
@@ -15,8 +15,9 @@ from eagle3_plugin.sampler import SamplingParams, target_probs
 from target_law import target_law
 
 
-def ours(logits, temperature, top_k=0, top_p=1.0, joint=False):
-    params = SamplingParams.uniform(1, temperature, top_k, top_p, filter_order="joint" if joint else "sequential")
+def ours(logits, temperature, top_k=0, top_p=1.0, joint=False, min_p=0.0):
+    params = SamplingParams.uniform(1, temperature, top_k, top_p, filter_order="joint" if joint else "sequential",
+                                    min_p=min_p)
     return target_probs(torch.tensor([logits], dtype=torch.float32), params)[0].double().numpy()
 
 
@@ -59,6 +60,31 @@ def test_random_cases_agree(joint):
         k = int(g.choice([0, 1, 2, 5, v]))
         p = float(g.choice([1.0, 0.95, 0.8, 0.5, 0.1]))
         assert ours(logits, t, k, p, joint) == pytest.approx(target_law(logits, t, k, p, joint), abs=1e-5)
+
+
+def test_random_cases_with_min_p_agree():
+    g = np.random.default_rng(1)
+    for _ in range(300):
+        v = int(g.integers(2, 50))
+        logits = (g.normal(size=v) * g.uniform(0.5, 4)).tolist()
+        t = float(g.choice([0.0, 0.7, 1.0, 1.5]))
+        k, p = int(g.choice([0, 2, 5, v])), float(g.choice([1.0, 0.9, 0.5]))
+        m = float(g.choice([0.0, 0.05, 0.2, 0.6]))
+        assert ours(logits, t, k, p, True, m) == pytest.approx(target_law(logits, t, k, p, True, m), abs=1e-5)
+
+
+def test_min_p_by_hand():
+    # softmax [2, 1, 0, -1] = [0.644, 0.237, 0.087, 0.032]: min_p 0.3 keeps ids at or above 0.193, the first two;
+    # min_p exactly at the second's ratio keeps it (SGLang drops only below); min_p after top-k reads the first's
+    logits = [2.0, 1.0, 0.0, -1.0]
+    probs = np.exp(logits) / np.exp(logits).sum()
+    want = np.array([*probs[:2], 0, 0]) / probs[:2].sum()
+    assert target_law(logits, 1.0, 0, 1.0, True, 0.3) == pytest.approx(want, abs=1e-12)
+    assert ours(logits, 1.0, 0, 1.0, True, 0.3) == pytest.approx(want, abs=1e-6)
+    assert np.count_nonzero(target_law(logits, 1.0, 0, 1.0, True, float(probs[2] / probs[0]))) == 3
+    assert np.count_nonzero(target_law(logits, 1.0, 1, 1.0, True, 0.01)) == 1
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams.uniform(1, 1.0, min_p=0.1)  # vLLM's sequential order has none here
 
 
 def test_joint_order_by_hand():

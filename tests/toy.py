@@ -20,9 +20,9 @@ class Bigram:
 
     def exact_two_token(self, root: int, params: SamplingParams) -> torch.Tensor:
         """``[V, V]`` exact joint distribution of the next two tokens after ``root``."""
-        one = SamplingParams(params.temperature[:1], params.top_k[:1], params.top_p[:1])
+        one = params.select(torch.zeros(1, dtype=torch.long))
         first = target_probs(self.target[root][None], one)[0]
-        second = target_probs(self.target[None], one.select(torch.zeros(1, dtype=torch.long)))[0]
+        second = target_probs(self.target[None], one)[0]
         return first[:, None] * second
 
     def one_round(self, roots, depth, top_k, total, params, method, sample, generator, verify=verify_tree):

@@ -61,8 +61,9 @@ REQUIRED_INTERNALS = (
     ("sglang.srt.sampling.sampling_params", "SamplingParams",
      ("temperature", "top_p", "top_k", "min_p", "sampling_seed", "frequency_penalty", "presence_penalty",
       "repetition_penalty", "min_new_tokens", "stop_token_ids")),
-    # penalties and min_new_tokens (.output_rules): which batches have any, and each request's output and stop ids
-    ("sglang.srt.sampling.sampling_batch_info", "SamplingBatchInfo", ("acc_additive_penalties", "logit_bias")),
+    # penalties, min_new_tokens, logit_bias (.output_rules) and min_p: the batch's, each request's output and stop ids
+    ("sglang.srt.sampling.sampling_batch_info", "SamplingBatchInfo",
+     ("acc_additive_penalties", "logit_bias", "min_ps", "need_min_p_sampling")),
     ("sglang.srt.managers.schedule_batch", "Req", ("eos_token_ids",)),
     ("sglang.srt.layers.attention.base_attn_backend", "AttentionBackend.verify_mask", None),
 )

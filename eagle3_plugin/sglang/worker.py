@@ -254,13 +254,14 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             hidden_states=None, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
     def _sampling(self, batch) -> tuple[SamplingParams, RowRandom]:
-        """The batch's sampling settings for the core (SGLang writes greedy as top_k = 1; it filters top-k and top-p
-        jointly), and its randomness (a request with a seed draws from its own generator)."""
+        """The batch's sampling settings for the core (SGLang writes greedy as top_k = 1; it filters top-k, top-p and
+        min-p jointly), and its randomness (a request with a seed draws from its own generator)."""
         info = batch.sampling_info
         greedy = info.top_ks == 1
         params = SamplingParams(torch.where(greedy, 0.0, info.temperatures.view(-1).float()),
                                 torch.where(greedy | (info.top_ks >= self.vocab_size), 0, info.top_ks).long(),
-                                torch.where(greedy, 1.0, info.top_ps.float()), filter_order="joint")
+                                torch.where(greedy, 1.0, info.top_ps.float()), filter_order="joint",
+                                min_p=info.min_ps.float() if info.need_min_p_sampling else None)
         seeded = {}
         for row, req in enumerate(batch.reqs):
             seed = req.sampling_params.sampling_seed

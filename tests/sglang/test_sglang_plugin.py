@@ -1,8 +1,9 @@
 """eagle3-plugin inside the real SGLang server (CPU, fp32, tree 3/4/10 from the bundled draft in our layout).
 
-- T > 0: the first four generated tokens have the target's exact joint law, at T = 1 and in a batch that mixes
-  greedy, T = 1 and top-k + top-p rows (tests/law_cases.py), top-k and top-p filtered jointly as SGLang's own
-  sampler does (it draws each request's first token); our joint filter keeps what SGLang's keeps. Stock SGLang
+- T > 0: the first four generated tokens have the target's exact joint law, at T = 1, at T = 1 with min-p, and in a
+  batch that mixes greedy, T = 1 and top-k + top-p rows (tests/law_cases.py), top-k, top-p and min-p filtered
+  jointly as SGLang's own sampler does (it draws each request's first token); our joint filter keeps what SGLang's
+  keeps. Stock SGLang
   verifies greedily on CPU whatever the temperature (``eagle_utils._verify_uses_greedy``) and fails the T = 1 test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
@@ -30,6 +31,7 @@ from eagle3_plugin.datafiles import encode_prompt, read_prompts
 from eagle3_plugin.sglang.server import post_json
 from sglang_env import SGLANG_PYTHON, STOCK_PLUGINS, SUPPORT, server
 from law_cases import ALPHA, GROUPS, LENGTH, N, group_prompts, group_pvalue, mixed_order, mixed_pvalues
+from stats_util import path_law
 
 SAME_PENALTIES = os.path.join(SUPPORT, "same_penalties.py")
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
@@ -121,6 +123,12 @@ def test_four_tokens_at_temperature_1_have_the_target_law(ours, law_prompts):
     assert group_pvalue(law_prompts, "T=1", generations) > ALPHA
 
 
+def test_four_tokens_with_min_p_have_the_target_law(ours, law_prompts):
+    settings = dict(temperature=1.0, min_p=0.05)  # 36 paths above the chi-square's floor without it, 9 with it
+    generations = sample(ours, [law_prompts["T=1"]] * N, [settings] * N)
+    assert path_law(TARGET, law_prompts["T=1"], LENGTH, joint=True, **settings).pvalue(generations) > ALPHA
+
+
 def test_a_mixed_batch_gives_each_row_its_own_law(ours, law_prompts):
     order = mixed_order()
     generations = sample(ours, [law_prompts[g] for g in order], [GROUPS[g][1] for g in order])
@@ -153,7 +161,7 @@ def test_logprobs_of_speculated_tokens_are_returned(ours, prompts):
     assert all(entry[0] <= 0 for entry in logprobs) and out["meta_info"]["spec_verify_ct"] < 24
 
 
-@pytest.mark.parametrize("setting", [{"min_p": 0.1}, {"regex": "[a-z]+"}, {"json_schema": '{"type": "string"}'}])
+@pytest.mark.parametrize("setting", [{"regex": "[a-z]+"}, {"json_schema": '{"type": "string"}'}])
 def test_settings_the_verifier_would_ignore_are_refused(ours, prompts, setting):
     with pytest.raises(urllib.error.HTTPError) as e:
         ours.generate(prompts[0], {"max_new_tokens": 4, **setting})
@@ -171,12 +179,13 @@ for _ in range(200):
     temperature = torch.rand(6, generator=g) + 0.3
     top_k = torch.randint(1, 65, (6,), generator=g)
     top_p = torch.rand(6, generator=g) * 0.9 + 0.05
-    top_p[0], top_k[1] = 1.0, 64  # one row without top-p, one without top-k
+    min_p = torch.rand(6, generator=g) * 0.3
+    top_p[0], top_k[1], min_p[2] = 1.0, 64, 0.0  # a row without top-p, one without top-k, one without min-p
     probs = torch.softmax(logits / temperature[:, None], -1)
-    _, kept, order, _ = sglang_filter(probs.clone(), top_k, top_p, None, False, None, None, return_filtered_probs=True)
+    _, kept, order, _ = sglang_filter(probs.clone(), top_k, top_p, min_p, True, None, None, return_filtered_probs=True)
     theirs = torch.zeros_like(probs).scatter(1, order.long(), kept)
     theirs /= theirs.sum(-1, keepdim=True)
-    ours = target_probs(logits, SamplingParams(temperature, top_k, top_p, filter_order="joint"))
+    ours = target_probs(logits, SamplingParams(temperature, top_k, top_p, filter_order="joint", min_p=min_p))
     assert torch.equal(theirs > 0, ours > 0), (theirs > 0) ^ (ours > 0)
     assert torch.allclose(theirs, ours, atol=1e-6)
 print("same")
