@@ -12,7 +12,8 @@
   with it on, its penalties read the output one token late), and each setting changes them. At T = 1 they are
   served and ``min_new_tokens`` holds the stop ids back. Our per-node rules equal SGLang's own penalizers bit for
   bit (tests/sglang_support/same_penalties.py).
-- Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving.
+- Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving; extreme
+  values SGLang's own checks let through are served.
 - An unsupported SGLang version stops the plugin with one clear error.
 """
 
@@ -111,6 +112,20 @@ def test_penalties_and_min_new_tokens_at_temperature_1_are_served(ours, prompts)
     assert all(len(out) >= 20 and not set(out[:20]) & set(stops) for out in outs), outs
     unheld = [o["output_ids"] for o in ours.generate(prompts[:8], [{**settings, "min_new_tokens": 0}] * 8)]
     assert min(len(out) for out in unheld) < 20  # without the minimum, those stop ids end some outputs early
+
+
+ODD_SETTINGS = [  # extremes SGLang's own checks let through, at T = 1 (a NaN in our sampler would stop the server)
+    {"logit_bias": {"5": 1e30}}, {"logit_bias": {str(i): -1e30 for i in range(2048)}},
+    {"repetition_penalty": 1e-6, "frequency_penalty": -2.0}, {"min_p": 1.0},
+    {"min_new_tokens": 10, "stop_token_ids": list(range(2048))}]
+
+
+def test_odd_settings_are_served_and_the_server_keeps_serving(ours, prompts):
+    for settings in ODD_SETTINGS:
+        out = ours.generate(prompts[0], {"max_new_tokens": 16, "temperature": 1.0, **settings})
+        assert len(out["output_ids"]) > 0, settings
+        assert len(ours.generate(prompts[1], {"max_new_tokens": 8, "temperature": 0})["output_ids"]) == 8
+    assert set(ours.generate(prompts[0], {"max_new_tokens": 16, **ODD_SETTINGS[0]})["output_ids"]) == {5}
 
 
 def test_our_rules_at_each_node_equal_sglangs_own_penalizers():
