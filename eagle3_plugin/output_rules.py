@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .tree import DraftTree
@@ -202,11 +203,13 @@ def _sglang_penalties(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Te
 
 def _running_sums(step: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``[R, K, C]``: ``step [R, 1, 1]`` added to a float32 zero ``counts`` times, one add at a time (SGLang's
-    frequency penalizer adds its penalty at each occurrence: ``n * f`` can differ from that in the last bit)."""
-    sums = [torch.zeros_like(step[:, :, 0])]
-    for _ in range(int(counts.max()) if counts.numel() else 0):
-        sums.append(sums[-1] + step[:, :, 0])
-    table = torch.cat(sums, dim=1)  # [R, max count + 1]
+    frequency penalizer adds its penalty at each occurrence: ``n * f`` can differ from that in the last bit). The
+    table of sums comes from numpy's float32 accumulate, which adds in order (``torch.cumsum`` does not)."""
+    steps = step[:, 0, 0].float().cpu().numpy()
+    most = int(counts.max()) if counts.numel() else 0
+    table = np.zeros((steps.shape[0], most + 1), dtype=np.float32)
+    table[:, 1:] = np.cumsum(np.repeat(steps[:, None], most, axis=1), axis=1, dtype=np.float32)
+    table = torch.from_numpy(table).to(counts.device)  # [R, max count + 1]
     return table[:, None, :].expand(-1, counts.shape[1], -1).gather(2, counts)
 
 
