@@ -185,7 +185,7 @@ class Speculator:
              shape: Optional[TreeShape] = None, rules: Optional[OutputRules] = None) -> Optional[DraftTree]:
         """Catch every row up on its new entries, then grow each row's tree of ``shape`` (default: the config's;
         ``total_tokens == 1``: catch up only, returns None, and ``params`` may be None). ``params``, ``random`` and
-        ``rules`` (the rows' penalties and the like, as of the trees' roots; the draft obeys their masks: see
+        ``rules`` (the rows' penalties and the like, as of the trees' roots; the draft obeys some: see
         :class:`_RuledExpander`) are per row."""
         shape = shape or TreeShape.of(self.config)
         if shape.total_tokens == 1:  # catch up only: stored later (see :meth:`store`)
@@ -208,9 +208,9 @@ class Speculator:
         expand = _LevelExpander(self.packed, context, root_hidden, rows.start + rows.count - 1, shape.top_k)
         sample, hot_ids = self.config.tree_sampler == "real", self.packed.hot_ids
         root_logits = self.packed.logits(root_hidden)
-        masks = rules.masks() if rules is not None else None
-        if masks is not None:
-            expand = _RuledExpander(expand, masks, hot_ids, rows.roots.shape[0])
+        draft_rules = rules.for_draft() if rules is not None else None
+        if draft_rules is not None:
+            expand = _RuledExpander(expand, draft_rules, hot_ids, rows.roots.shape[0])
             root_logits = expand.root(root_logits)
         if shape.top_k == 1 and shape.total_tokens == shape.depth + 1:
             return build_chain(rows.roots, root_logits, expand, shape.depth, params.temperature, sample, hot_ids,
@@ -370,12 +370,12 @@ class _LevelExpander:
 
 
 class _RuledExpander:
-    """An ``expand`` callback whose draft logits obey the masks of the rows' output rules (allowed ids, bad words,
-    ``min_tokens``: :meth:`~eagle3_plugin.output_rules.OutputRules.masks`), each frontier node's for its own path,
-    so the draft proposes only what the target may emit (acceptance; verification applies every rule to the target
-    either way). Penalties are left out: they are in the target's logit units, and on the draft's logits they moved
-    acceptance both ways (bundled checkpoint, 12 prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round,
-    frequency 0.5 3.49 -> 3.40). The draft's distribution is the one it draws from, so sampled trees stay lossless.
+    """An ``expand`` callback whose draft logits obey the rows' output rules meant for a draft (allowed ids, bad
+    words, ``min_tokens``, a bias: :meth:`~eagle3_plugin.output_rules.OutputRules.for_draft`), each frontier node's
+    for its own path, so the draft proposes only what the target may emit (acceptance; verification applies every
+    rule to the target either way). Penalties are left out (see ``for_draft``; on the bundled checkpoint, 12
+    prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round, frequency 0.5 3.49 -> 3.40). The draft's
+    distribution is the one it draws from, so sampled trees stay lossless.
 
     A masked id gets :data:`MASKED_DRAFT_LOGIT`, not -inf: a node with fewer allowed ids than ``top_k`` still grows
     ``top_k`` children, and the tree's scores must stay finite and fall strictly below their parent's (an -inf
@@ -397,12 +397,13 @@ class _RuledExpander:
         return self._ruled(self.expand(level, tokens, parent_slot), level)
 
     def _ruled(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
-        """The frontier's draft logits under the masks, float32."""
+        """The frontier's draft logits under the rules, float32."""
         depths = torch.full(self.paths.shape[:2], depth, dtype=torch.long, device=logits.device)
         raw = logits.float()
-        masked = torch.isneginf(self.rules.apply_at(self.paths, depths, raw.clone(), self.hot_ids))
-        masked &= ~masked.all(-1, keepdim=True)
-        return raw.masked_fill(masked, MASKED_DRAFT_LOGIT)
+        ruled = self.rules.apply_at(self.paths, depths, raw.clone(), self.hot_ids)
+        masked = torch.isneginf(ruled)
+        nothing_left = masked.all(-1, keepdim=True)
+        return torch.where(nothing_left, raw, ruled).masked_fill(masked & ~nothing_left, MASKED_DRAFT_LOGIT)
 
 
 @dataclass(frozen=True)

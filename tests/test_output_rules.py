@@ -45,8 +45,8 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
         if held.restore and bool(torch.isneginf(x).all()):
             x[held.stop_ids] = before[held.stop_ids]
     if rules.prompt is not None and rules.arithmetic == "sglang":
-        return sglang_penalised(x, context, row, rules)
-    if rules.prompt is not None:
+        x = sglang_penalised(x, context, row, rules)
+    elif rules.prompt is not None:
         counts = Counter(context)
         count = torch.tensor([counts[t] for t in range(V)])
         in_prompt = torch.tensor([t in set(rules.prompt[row].tolist()) for t in range(V)])
@@ -54,6 +54,8 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
         x = x * torch.where(x > 0, 1.0 / penalty, penalty)
         x = x - rules.frequency[row] * count
         x = x - rules.presence[row] * (count > 0)
+    if rules.bias is not None:
+        x = x + rules.bias[row]
     return x
 
 
@@ -70,7 +72,7 @@ def sglang_penalised(x: torch.Tensor, context: list[int], row: int, rules: Outpu
 
 
 def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_words=True, held=True,
-              arithmetic="vllm") -> OutputRules:
+              arithmetic="vllm", bias=False) -> OutputRules:
     emitted = [torch.randint(0, 6, (int(torch.randint(0, 5, (1,), generator=gen)),), generator=gen).tolist()
                for _ in range(b)]
     rules = OutputRules(V, emitted, arithmetic=arithmetic)
@@ -84,6 +86,8 @@ def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_wor
         rules.banned[1, 20:] = True
     if bad_words:
         rules.bad_words = {0: [[3], [1, 2], [2, 2, 4]], 3: [[5, 1]]}
+    if bias:
+        rules.bias = torch.randn(b, V, generator=gen)
     if held:
         rules.held_back = {2: HeldBack(3, [0, 7]), 4: HeldBack(1, list(range(V)), restore=True),
                            1: HeldBack(2, [21], restore=True)}
@@ -92,7 +96,8 @@ def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_wor
 
 @pytest.mark.parametrize("parts", [dict(), dict(banned=False, bad_words=False, held=False),
                                    dict(penalties=False), dict(penalties=False, banned=False, bad_words=False),
-                                   dict(arithmetic="sglang"), dict(arithmetic="sglang", banned=False, bad_words=False)])
+                                   dict(arithmetic="sglang", bias=True),
+                                   dict(arithmetic="sglang", banned=False, bad_words=False)])
 def test_each_node_sees_its_own_path(parts):
     gen = torch.Generator().manual_seed(3)
     b = 5
@@ -132,7 +137,7 @@ def test_a_draft_vocabulary_gets_the_target_ids_columns():
     depths = (paths >= 0).sum(2)
     columns = torch.tensor([0, 3, 5, 7, 21, 22, 30, 2])
     logits = torch.randn(b, k, V, generator=gen)
-    rules = rules_for(b, gen)
+    rules = rules_for(b, gen, bias=True)
     whole = rules.apply_at(paths, depths, logits.clone())
     part = rules.apply_at(paths, depths, logits[..., columns].clone(), columns)
     assert torch.equal(part, whole[..., columns])

@@ -242,8 +242,8 @@ def test_a_greedy_chain_is_what_the_draft_predicts_token_by_token(speculator, ta
 @pytest.mark.parametrize("shape", [TreeShape(4, 1, 5), TreeShape(4, 3, 12)])
 def test_a_greedy_chain_under_output_rules_is_the_draft_with_their_masks_token_by_token(speculator, target, shape):
     """With rules, each node of the chain (a tree's first-child path) is the draft's argmax after its parent once the
-    rules' masks are applied for the path so far: ids banned, and a stop id held back for ``min_tokens``. Their
-    penalties are the target's alone (a frequency penalty of 100 here would forbid every repeat)."""
+    rules meant for a draft are applied for the path so far: ids banned, a stop id held back for ``min_tokens``, a
+    bias. Their penalties are the target's alone (a frequency penalty of 100 here would forbid every repeat)."""
     from eagle3_plugin.draft import ConcatAttention
     from eagle3_plugin.output_rules import HeldBack, OutputRules
 
@@ -254,6 +254,7 @@ def test_a_greedy_chain_under_output_rules_is_the_draft_with_their_masks_token_b
     tokens = torch.randint(3, v, (b, n), generator=g)
     features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
     banned = torch.zeros(b, v, dtype=torch.bool)
+    bias = torch.zeros(b, v).index_fill_(1, hot[torch.randperm(hot.numel(), generator=g)[:hot.numel() // 4]], 3.0)
     with torch.inference_mode():
         attention = ConcatAttention(scale=draft.attention_scale)
         hidden = draft(tokens, draft.fuse(features), torch.arange(n).expand(b, -1), attention)[:, -1:]
@@ -261,21 +262,23 @@ def test_a_greedy_chain_under_output_rules_is_the_draft_with_their_masks_token_b
         banned[torch.arange(b), first] = True  # the draft's own first choice, everywhere
         rules = OutputRules(v, [[] for _ in range(b)], prompt=torch.full((b, 1), v), presence=torch.zeros(b),
                             frequency=torch.full((b,), 100.0), repetition=torch.ones(b), banned=banned,
-                            held_back={0: HeldBack(2, [int(second[0])])})  # row 0: its second choice, at depth < 2
+                            held_back={0: HeldBack(2, [int(second[0])])},  # row 0: its second choice, at depth < 2
+                            bias=bias)
         kv = DraftKV.allocate(2 * 32, c.num_key_value_heads, c.head_dim, torch.float32)
         rows = DraftRows(torch.arange(64).view(2, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
                          features)
         tree = speculator.step(kv, rows, SamplingParams.uniform(b), shape=shape, rules=rules)
         expected = [tokens[:, -1]]
         for level in range(1, shape.depth + 1):
-            x = draft.logits(hidden[:, 0]).float().masked_fill(banned[:, hot], float("-inf"))
+            x = (draft.logits(hidden[:, 0]).float() + bias[:, hot]).masked_fill(banned[:, hot], float("-inf"))
             if level <= 2:
                 x[0, hot == second[0]] = float("-inf")
             expected.append(hot[x.argmax(-1)])
             if level < shape.depth:
                 hidden = draft(expected[-1][:, None], hidden, torch.full((b, 1), n - 1 + level), attention)
     expected = torch.stack(expected, 1)
-    assert int(expected[0, 1]) != int(second[0]) and int(expected[1, 1]) == int(second[1])
+    assert int(expected[0, 1]) != int(second[0])
+    assert bool((bias.gather(1, expected[:, 1:]) > 0).any())  # the bias chose some of them
     for row in range(b):
         node, path = 0, [int(tree.tokens[row, 0])]
         while bool((tree.parents[row] == node).any()):

@@ -21,19 +21,21 @@ def output_rules(batch, vocab_size: int) -> Optional[OutputRules]:
     """The rules of the batch's requests as of their roots (the output so far), or None if no request has any (the
     common case, told without a loop over requests: SGLang sums a batch's penalties into ``acc_additive_penalties``
     before each forward when any request has one, ``min_new_tokens`` included)."""
-    if batch.sampling_info.acc_additive_penalties is None:
+    info = batch.sampling_info
+    if info.acc_additive_penalties is None and info.logit_bias is None:
         return None
     reqs, params = batch.reqs, [req.sampling_params for req in batch.reqs]
     outputs = [list(req.output_ids) for req in reqs]
     held = {row: HeldBack(p.min_new_tokens - len(out), _stop_ids(req))
             for row, (req, p, out) in enumerate(zip(reqs, params, outputs)) if len(out) < p.min_new_tokens}
-    rules = OutputRules(vocab_size, outputs, held_back=held, arithmetic="sglang")
+    bias = None if info.logit_bias is None else info.logit_bias[:, :vocab_size].float()
+    rules = OutputRules(vocab_size, outputs, held_back=held, bias=bias, arithmetic="sglang")
     if any(p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1 for p in params):
         rules.prompt = torch.empty(len(reqs), 0, dtype=torch.long)  # SGLang's repetition reads the output only
         rules.frequency, rules.presence, rules.repetition = (
             torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
             for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"))
-    return rules if (held or rules.has_penalties) else None
+    return rules if (held or rules.has_penalties or bias is not None) else None
 
 
 def check_roots(batch, roots: torch.Tensor) -> None:

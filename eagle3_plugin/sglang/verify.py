@@ -39,22 +39,19 @@ class TreeVerifyInput(EagleVerifyInput):
     random: Optional[RowRandom] = None
     method: str = "real"
     vocab_size: int = 0
-    rules: Optional[OutputRules] = None  # penalties and min_new_tokens, as of the roots (None: no request has any)
-    logit_bias: Optional[torch.Tensor] = None  # [bs, vocab], added after the rules (SGLang's order)
+    rules: Optional[OutputRules] = None  # penalties, min_new_tokens, logit_bias, as of the roots (None: none has any)
     verdict: Optional[Verdict] = None
     seconds: float = 0.0  # spent in :meth:`sample`
 
     def sample(self, logits: torch.Tensor):
         """``logits [bs * N, >= vocab]`` -> ``(predict, accept_lens, accept_index)`` as ``eagle_sample`` returns.
-        The :attr:`rules` apply at each node for its path, then the :attr:`logit_bias`, in place (SGLang's logprobs
-        then read them, as they read its own adjusted logits without speculation)."""
+        The :attr:`rules` apply at each node for its path, in place (SGLang's logprobs then read them, as they read
+        its own adjusted logits without speculation)."""
         began = time.perf_counter()
         bs, n = self.trees.tokens.shape
         logits = logits[:, :self.vocab_size].float().view(bs, n, self.vocab_size)
         if self.rules is not None:
             self.rules.apply(self.trees, logits)
-        if self.logit_bias is not None:
-            logits += self.logit_bias[:, None, :self.vocab_size]
         self.verdict = verdict = verify_tree(self.trees, logits, self.params, self.method, self.random)
         rows = torch.arange(bs, device=logits.device)
         accepted = verdict.accepted
@@ -69,8 +66,8 @@ class TreeVerifyInput(EagleVerifyInput):
 
 
 def build_verify_input(trees: DraftTree, seq_lens: torch.Tensor, *, params: SamplingParams, random: RowRandom,
-                       method: str, vocab_size: int, topk: int, rules: Optional[OutputRules] = None,
-                       logit_bias: Optional[torch.Tensor] = None) -> TreeVerifyInput:
+                       method: str, vocab_size: int, topk: int,
+                       rules: Optional[OutputRules] = None) -> TreeVerifyInput:
     """One tree per request (``trees [bs, N]``, any ``N`` up to SGLang's ``--speculative-num-draft-tokens``, for
     which it allocated slots); ``seq_lens``: committed length per request. The mask is in SGLang's CPU layout (the
     worker refuses other devices at start-up). ``topk``: the configured tree's; a step whose trees are all chains
@@ -96,7 +93,6 @@ def build_verify_input(trees: DraftTree, seq_lens: torch.Tensor, *, params: Samp
         seq_lens_sum=None,
         seq_lens_cpu=None,
         trees=trees, params=params, random=random, method=method, vocab_size=vocab_size, rules=rules,
-        logit_bias=logit_bias,
     )
 
 

@@ -10,7 +10,7 @@ forward and SGLang's KV bookkeeping are untouched):
               catch-up on the accepted paths, next trees
 
 Requests' penalties, ``min_new_tokens`` and ``logit_bias`` apply at every tree node for its own path
-(:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids.
+(:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids and the ``logit_bias``.
 
 The tree shape of each step comes from the core's :class:`~eagle3_plugin.budget.TreeBudget` (``budget: "auto"``,
 the default: the configured tree, its chain or none, whichever the step's load pays for; ``"fixed"``: always the
@@ -164,7 +164,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             check_roots(batch, trees.tokens[:, 0])
         verify_input = build_verify_input(trees, batch.seq_lens, params=params, random=random,
                                           method=self.eagle3.tree_sampler, vocab_size=self.vocab_size, topk=self.topk,
-                                          rules=rules, logit_bias=batch.sampling_info.logit_bias)
+                                          rules=rules)
         root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
         self.timings.prepare += time.perf_counter() - began

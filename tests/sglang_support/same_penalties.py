@@ -1,6 +1,6 @@
 """Run on SGLang's interpreter: our per-node rules (the SGLang shim's reading of requests, the core's SGLang
-arithmetic) equal SGLang's own penalizers bit for bit, each node's context fed to them one token at a time and
-summed as ``SamplingBatchInfo.update_penalties`` sums them. Prints "same"."""
+arithmetic, logit_bias last) equal SGLang's own penalizers bit for bit, each node's context fed to them one token
+at a time and summed as ``SamplingBatchInfo.update_penalties`` sums them. Prints "same"."""
 import types
 import torch
 from sglang.srt.sampling.penaltylib import (BatchedFrequencyPenalizer, BatchedMinNewTokensPenalizer,
@@ -17,9 +17,10 @@ PENALIZERS = {BatchedFrequencyPenalizer, BatchedMinNewTokensPenalizer, BatchedPr
 
 
 class Batch:  # what the orchestrator and our shim read of a ScheduleBatch
-    def __init__(self, reqs):
+    def __init__(self, reqs, logit_bias=None):
         self.reqs, self.device = reqs, "cpu"
-        self.sampling_info = types.SimpleNamespace(acc_additive_penalties=torch.zeros(len(reqs), V))
+        self.sampling_info = types.SimpleNamespace(acc_additive_penalties=torch.zeros(len(reqs), V),
+                                                   logit_bias=logit_bias)
 
 
 def request(output, **params):
@@ -28,7 +29,7 @@ def request(output, **params):
                                  output_ids=list(output))
 
 
-def sglang_logits(req, context, x):
+def sglang_logits(req, context, x, bias):
     orchestrator = BatchedPenalizerOrchestrator(V, Batch([req]), PENALIZERS)
     for token in context:
         orchestrator.cumulate_output_tokens(torch.tensor([token]))
@@ -39,6 +40,7 @@ def sglang_logits(req, context, x):
     scaling = orchestrator.accumulate_scaling_penalties()
     if scaling is not None:
         apply_scaling_penalties(x, scaling)
+    x.add_(bias)  # SamplingBatchInfo._apply_post_grammar_logits_transforms
     return x[0]
 
 
@@ -57,7 +59,9 @@ reqs = [request([5, 5, 6, 5, 7, 5, 5], frequency_penalty=0.3, presence_penalty=0
 for row, req in enumerate(reqs):
     tree.tokens[row, 0] = req.output_ids[-1] if req.output_ids else 0
 logits = torch.randn(B, N, V, generator=gen) * 3
-ours = output_rules(Batch(reqs), V).apply(tree, logits.clone())
+bias = torch.zeros(B, V)
+bias[1, :20] = torch.randn(20, generator=gen) * 4  # one request with a logit_bias
+ours = output_rules(Batch(reqs, bias), V).apply(tree, logits.clone())
 for row, req in enumerate(reqs):
     for node in range(N):
         path, at = [], node
@@ -65,6 +69,6 @@ for row, req in enumerate(reqs):
             path.append(int(tree.tokens[row, at]))
             at = int(tree.parents[row, at])
         context = req.output_ids + path[::-1]
-        theirs = sglang_logits(req, context, logits[row, node])
+        theirs = sglang_logits(req, context, logits[row, node], bias[row])
         assert torch.equal(ours[row, node], theirs), (row, node, (ours[row, node] - theirs).abs().max())
 print("same")
