@@ -8,18 +8,9 @@ import torch
 
 from eagle3_plugin.output_rules import HeldBack, OutputRules
 from eagle3_plugin.tree import DraftTree
+from random_trees import random_trees
 
 V, N = 40, 12
-
-
-def random_trees(b: int, gen: torch.Generator) -> DraftTree:
-    parents = torch.full((b, N), -1, dtype=torch.long)
-    depths = torch.zeros(b, N, dtype=torch.long)
-    for row in range(b):
-        for node in range(1, N):
-            parent = int(torch.randint(0, node, (1,), generator=gen))
-            parents[row, node], depths[row, node] = parent, depths[row, parent] + 1
-    return DraftTree(torch.randint(0, 6, (b, N), generator=gen), parents, depths)  # few ids: repeats on paths
 
 
 def node_context(tree: DraftTree, row: int, node: int, emitted: list[int]) -> list[int]:
@@ -101,7 +92,7 @@ def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_wor
 def test_each_node_sees_its_own_path(parts):
     gen = torch.Generator().manual_seed(3)
     b = 5
-    tree = random_trees(b, gen)
+    tree = random_trees(b, N, 6, gen)
     logits = torch.randn(b, N, V, generator=gen) * 3
     rules = rules_for(b, gen, **parts)
     got = rules.apply(tree, logits.clone())
@@ -114,7 +105,7 @@ def test_each_node_sees_its_own_path(parts):
 
 def test_rules_change_what_they_should_and_nothing_else():
     gen = torch.Generator().manual_seed(5)
-    tree = random_trees(5, gen)
+    tree = random_trees(5, N, 6, gen)
     logits = torch.randn(5, N, V, generator=gen)
     got = OutputRules(V, [[] for _ in range(5)]).apply(tree, logits.clone())
     assert torch.equal(got, logits)  # no rules: untouched

@@ -1,7 +1,10 @@
 """Run on SGLang's interpreter: our per-node rules (the SGLang shim's reading of requests, the core's SGLang
 arithmetic, logit_bias last) equal SGLang's own penalizers bit for bit, each node's context fed to them one token
 at a time and summed as ``SamplingBatchInfo.update_penalties`` sums them. Prints "same"."""
+import os
+import sys
 import types
+
 import torch
 from sglang.srt.sampling.penaltylib import (BatchedFrequencyPenalizer, BatchedMinNewTokensPenalizer,
                                             BatchedPenalizerOrchestrator, BatchedPresencePenalizer,
@@ -9,7 +12,9 @@ from sglang.srt.sampling.penaltylib import (BatchedFrequencyPenalizer, BatchedMi
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.sampling.sampling_params import SamplingParams
 from eagle3_plugin.sglang.output_rules import output_rules
-from eagle3_plugin.tree import DraftTree
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from random_trees import random_trees  # noqa: E402
 
 V, N, B = 50, 10, 4
 PENALIZERS = {BatchedFrequencyPenalizer, BatchedMinNewTokensPenalizer, BatchedPresencePenalizer,
@@ -45,13 +50,7 @@ def sglang_logits(req, context, x, bias):
 
 
 gen = torch.Generator().manual_seed(0)
-parents = torch.full((B, N), -1, dtype=torch.long)
-depths = torch.zeros(B, N, dtype=torch.long)
-for row in range(B):
-    for node in range(1, N):
-        parent = int(torch.randint(0, node, (1,), generator=gen))
-        parents[row, node], depths[row, node] = parent, depths[row, parent] + 1
-tree = DraftTree(torch.randint(0, 8, (B, N), generator=gen), parents, depths)
+tree = random_trees(B, N, 8, gen)
 reqs = [request([5, 5, 6, 5, 7, 5, 5], frequency_penalty=0.3, presence_penalty=0.5, repetition_penalty=1.2),
         request([4, 6, 4], min_new_tokens=6, stop_token_ids=[4], repetition_penalty=0.9),
         request([], frequency_penalty=0.1),
