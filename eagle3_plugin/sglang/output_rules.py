@@ -1,5 +1,6 @@
-"""SGLang's penalties and ``min_new_tokens`` as the core's :class:`~eagle3_plugin.output_rules.OutputRules`
-(SGLang's arithmetic), applied at every tree node for its own path.
+"""SGLang's penalties, ``min_new_tokens`` and ``logit_bias`` as the core's
+:class:`~eagle3_plugin.output_rules.OutputRules` (SGLang's arithmetic, the bias last), applied at every tree node for
+its own path.
 
 Stock SGLang verifies a tree with every node penalised for the request's state before the step ("a relaxed
 version", ``eagle_utils.py``), and counts one token per step. Here each node's context is the request's output
@@ -20,7 +21,8 @@ from ..output_rules import HeldBack, OutputRules
 def output_rules(batch, vocab_size: int) -> Optional[OutputRules]:
     """The rules of the batch's requests as of their roots (the output so far), or None if no request has any (the
     common case, told without a loop over requests: SGLang sums a batch's penalties into ``acc_additive_penalties``
-    before each forward when any request has one, ``min_new_tokens`` included)."""
+    before each forward when any request has one, ``min_new_tokens`` included, and keeps a ``logit_bias`` when any
+    request has one)."""
     info = batch.sampling_info
     if info.acc_additive_penalties is None and info.logit_bias is None:
         return None
