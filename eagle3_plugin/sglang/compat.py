@@ -65,6 +65,8 @@ REQUIRED_INTERNALS = (
     ("sglang.srt.sampling.sampling_batch_info", "SamplingBatchInfo",
      ("acc_additive_penalties", "logit_bias", "min_ps", "need_min_p_sampling")),
     ("sglang.srt.managers.schedule_batch", "Req", ("eos_token_ids",)),
+    # grammars: SGLang's vocabulary mask over our tree, one row per node
+    ("sglang.srt.constrained.base_grammar_backend", "GrammarMask.apply", ("logits",)),
     ("sglang.srt.layers.attention.base_attn_backend", "AttentionBackend.verify_mask", None),
 )
 

@@ -78,10 +78,6 @@ def sglang_default_layer_ids(num_layers: int) -> tuple[int, ...]:
 
 UNSUPPORTED_SETTINGS = (
     # (sampling_params key, value that means "off", what it is)
-    ("json_schema", None, "json_schema"),
-    ("regex", None, "regex"),
-    ("ebnf", None, "ebnf"),
-    ("structural_tag", None, "structural_tag"),
     ("watermark", None, "watermark"),
 )
 

@@ -43,12 +43,16 @@ class TreeVerifyInput(EagleVerifyInput):
     verdict: Optional[Verdict] = None
     seconds: float = 0.0  # spent in :meth:`sample`
 
-    def sample(self, logits: torch.Tensor):
+    def sample(self, logits: torch.Tensor, grammar_mask=None):
         """``logits [bs * N, >= vocab]`` -> ``(predict, accept_lens, accept_index)`` as ``eagle_sample`` returns.
-        The :attr:`rules` apply at each node for its path, in place (SGLang's logprobs then read them, as they read
-        its own adjusted logits without speculation)."""
+        ``grammar_mask``: SGLang's vocabulary mask for grammar-constrained requests, one row per tree node (its own
+        traversal of our tree links). It and the :attr:`rules` apply at each node for its path, in place (SGLang's
+        logprobs then read them, as they read its own adjusted logits without speculation); masking first gives what
+        SGLang's order gives (penalties, mask, bias), as every rule keeps a masked logit at -inf."""
         began = time.perf_counter()
         bs, n = self.trees.tokens.shape
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
         logits = logits[:, :self.vocab_size].float().view(bs, n, self.vocab_size)
         if self.rules is not None:
             self.rules.apply(self.trees, logits)
@@ -111,6 +115,4 @@ def eagle_sample(original, verify_input, batch, logits_output, grammar_mask=None
     """AROUND SGLang's ``eagle_sample``: our sampler for our verify inputs, SGLang's for anything else."""
     if not isinstance(verify_input, TreeVerifyInput):
         return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
-    if grammar_mask is not None:
-        raise RuntimeError("eagle3-plugin: grammar-constrained requests are refused at admission")
-    return verify_input.sample(logits_output.next_token_logits)
+    return verify_input.sample(logits_output.next_token_logits, grammar_mask)

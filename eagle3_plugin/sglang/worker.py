@@ -10,7 +10,8 @@ forward and SGLang's KV bookkeeping are untouched):
               catch-up on the accepted paths, next trees
 
 Requests' penalties, ``min_new_tokens`` and ``logit_bias`` apply at every tree node for its own path
-(:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids and the ``logit_bias``.
+(:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids and the ``logit_bias``. Grammars
+(regex, JSON schema, EBNF, structural tags) mask each node's logits with SGLang's own mask over our tree's links.
 
 The tree shape of each step comes from the core's :class:`~eagle3_plugin.budget.TreeBudget` (``budget: "auto"``,
 the default: the configured tree, its chain or none, whichever the step's load pays for; ``"fixed"``: always the

@@ -7,17 +7,19 @@
   verifies greedily on CPU whatever the temperature (``eagle_utils._verify_uses_greedy``) and fails the T = 1 test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
-- Penalties (frequency, presence, repetition), ``min_new_tokens`` and ``logit_bias``, alone and mixed: greedy outputs
-  equal SGLang's without speculation, with its overlap scheduler off (SGLang turns it off for speculation on CPU;
-  with it on, its penalties read the output one token late), and each setting changes them. At T = 1 they are
-  served and ``min_new_tokens`` holds the stop ids back. Our per-node rules equal SGLang's own penalizers bit for
-  bit (tests/sglang_support/same_penalties.py).
+- Penalties (frequency, presence, repetition), ``min_new_tokens``, ``logit_bias`` and grammars (a regex, a JSON
+  schema), alone and mixed: greedy outputs equal SGLang's without speculation, with its overlap scheduler off
+  (SGLang turns it off for speculation on CPU; with it on, its penalties read the output one token late), and each
+  setting changes them. At T = 1 they are served, ``min_new_tokens`` holds the stop ids back and outputs match
+  their regex. Our per-node rules equal SGLang's own penalizers bit for bit (tests/sglang_support/same_penalties.py).
 - Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving; extreme
   values SGLang's own checks let through are served.
 - An unsupported SGLang version stops the plugin with one clear error.
 """
 
+import json
 import os
+import re
 import subprocess
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
@@ -37,10 +39,13 @@ from stats_util import path_law
 SAME_PENALTIES = os.path.join(SUPPORT, "same_penalties.py")
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
 STOP = 376  # a token the bundled target's greedy outputs hold early
+SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                     "required": ["name", "age"]})
 RULES = [{"frequency_penalty": 0.6}, {"presence_penalty": 0.8}, {"repetition_penalty": 1.3},
          {"min_new_tokens": 30, "stop_token_ids": [STOP]},
          {"frequency_penalty": 1.5, "presence_penalty": -0.3, "min_new_tokens": 12},
-         {"logit_bias": {str(STOP): -100.0, "14": 1.5}, "frequency_penalty": 0.4}]
+         {"logit_bias": {str(STOP): -100.0, "14": 1.5}, "frequency_penalty": 0.4},
+         {"regex": "(yes|no), because [a-z ]+\\."}, {"json_schema": SCHEMA, "presence_penalty": 0.5}]
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +101,18 @@ def test_stock_sglang_cpu_fails_the_sampling_test(law_prompts, tmp_path):
     assert group_pvalue(law_prompts, "T=1", generations) < 1e-6
 
 
-def test_greedy_with_penalties_and_min_new_tokens_equals_sglang_without_speculation(plain_with_rules, ours, prompts):
+def test_greedy_with_output_rules_and_grammars_equals_sglang_without_speculation(plain_with_rules, ours, prompts):
     unruled, *ruled = plain_with_rules
     assert greedy(ours, prompts[:6], {}) == unruled
     for rules, theirs in zip(RULES, ruled):
         assert theirs != unruled, rules  # the setting changes the target's output
         assert greedy(ours, prompts[:6], rules) == theirs, rules
+
+
+def test_grammar_constrained_requests_are_valid_at_temperature_1(ours, prompts):
+    outs = ours.generate(prompts[:6], [{"max_new_tokens": 40, "temperature": 1.0, "regex": "[a-z]+( [a-z]+)*",
+                                        "ignore_eos": True}] * 6, timeout=1200)
+    assert all(re.fullmatch("[a-z]+( [a-z]+)*", o["text"]) for o in outs), [o["text"] for o in outs]
 
 
 def test_penalties_and_min_new_tokens_at_temperature_1_are_served(ours, prompts):
@@ -176,7 +187,7 @@ def test_logprobs_of_speculated_tokens_are_returned(ours, prompts):
     assert all(entry[0] <= 0 for entry in logprobs) and out["meta_info"]["spec_verify_ct"] < 24
 
 
-@pytest.mark.parametrize("setting", [{"regex": "[a-z]+"}, {"json_schema": '{"type": "string"}'}])
+@pytest.mark.parametrize("setting", [{"watermark": {}}, {"watermark": {"enabled": True}}])
 def test_settings_the_verifier_would_ignore_are_refused(ours, prompts, setting):
     with pytest.raises(urllib.error.HTTPError) as e:
         ours.generate(prompts[0], {"max_new_tokens": 4, **setting})
