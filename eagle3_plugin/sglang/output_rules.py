@@ -40,10 +40,11 @@ def output_rules(batch, vocab_size: int) -> Optional[OutputRules]:
     return rules if (held or rules.has_penalties or bias is not None) else None
 
 
-def check_roots(batch, roots: torch.Tensor) -> None:
-    """Each request's output ends with its tree's root (``roots [B]``): SGLang has listed the last step's tokens.
-    (It does so before the next step whenever its overlap scheduler is off, as it is on CPU with speculation.)"""
-    last = [req.output_ids[-1] if len(req.output_ids) else -1 for req in batch.reqs]
+def check_roots(rules: OutputRules, roots: torch.Tensor) -> None:
+    """Each request's output the ``rules`` read ends with its tree's root (``roots [B]``): SGLang has listed the last
+    step's tokens. (It does so before the next step whenever its overlap scheduler is off, as it is on CPU with
+    speculation.)"""
+    last = [output[-1] if output else -1 for output in rules.emitted]
     if last != roots.tolist():
         raise RuntimeError("eagle3-plugin: a request's output does not end with its tree's root; its penalties "
                            "would read a stale output (SGLang's overlap scheduler on?)")

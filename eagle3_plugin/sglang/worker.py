@@ -162,7 +162,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         params, random = self._sampling(batch)
         rules = output_rules(batch, self.vocab_size)
         if rules is not None:
-            check_roots(batch, trees.tokens[:, 0])
+            check_roots(rules, trees.tokens[:, 0])
         verify_input = build_verify_input(trees, batch.seq_lens, params=params, random=random,
                                           method=self.eagle3.tree_sampler, vocab_size=self.vocab_size, topk=self.topk,
                                           rules=rules)
@@ -206,8 +206,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
                  step_began: float, rules: Optional[OutputRules]) -> tuple[TreeShape, float]:
         """Catch every request (``rids``, the batch's order) up on ``rows`` (the draft's KV into SGLang's draft pool)
         and keep its next tree, of the shape the budget picks (the root alone for none; ``step_began``: when the step
-        began, for :class:`~eagle3_plugin.wave.QuietBatch`; ``rules``: the requests' as of the next roots, whose
-        masks the draft obeys); returns that shape and the seconds it took."""
+        began, for :class:`~eagle3_plugin.wave.QuietBatch`; ``rules``: the requests' as of the next roots, the draft
+        obeying those meant for it); returns that shape and the seconds it took."""
         began = time.perf_counter()
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
