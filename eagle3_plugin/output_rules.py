@@ -7,15 +7,15 @@ node's logits are exactly those the engine would sample from had it emitted that
 lossless: greedy rows take their argmax, sampled rows the rejection rule with ``p`` from them.
 
 The masks come first: ids outside ``allowed_token_ids``, then bad words, then ``min_tokens`` (stop ids held back).
-The penalties follow in one of two engines' arithmetic (:attr:`OutputRules.arithmetic`):
+The ``logit_bias`` and the penalties follow in one of two engines' arithmetic (:attr:`OutputRules.arithmetic`):
 
-- ``"vllm"`` (``Sampler.apply_logits_processors``, ``apply_penalties``): repetition (for ids in the prompt or the
-  context, a logit > 0 times ``1 / r``, else times ``r``), then frequency (minus ``f`` times the id's count in the
-  context), then presence (minus ``p`` where it occurs);
+- ``"vllm"`` (``Sampler.apply_logits_processors``: its ``LogitBiasLogitsProcessor``, then ``apply_penalties``): the
+  bias, then repetition (for ids in the prompt or the context, a logit > 0 times ``1 / r``, else times ``r``), then
+  frequency (minus ``f`` times the id's count in the context), then presence (minus ``p`` where it occurs);
 - ``"sglang"`` (its penalizers summed as ``SamplingBatchInfo.update_penalties`` sums them, the form its speculative
   verification applies): ``x + -(F + P)``, ``F`` being ``f`` added once per occurrence in float32 (its frequency
   penalizer's running sum) and ``P`` ``p`` where the id occurs; then repetition, ``x * r`` where ``x < 0`` else
-  ``x / r``, for ids in the output only (the prompt is not read).
+  ``x / r``, for ids in the output only (the prompt is not read); then the bias.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class OutputRules:
     held_back: dict[int, HeldBack] = field(default_factory=dict)
     banned: Optional[torch.Tensor] = None
     bad_words: dict[int, list[list[int]]] = field(default_factory=dict)
-    bias: Optional[torch.Tensor] = None  # [B, V] float, added last (SGLang's logit_bias); None: no row has one
+    bias: Optional[torch.Tensor] = None  # [B, V] float, the rows' logit_bias; None: no row has one
     arithmetic: str = "vllm"
 
     def __post_init__(self):
@@ -92,11 +92,17 @@ class OutputRules:
                 logits[row, node, column_of(_completed_bad_words(words, context))] = float("-inf")
         for row, held in self.held_back.items():
             _hold_back(logits[row], depths[row] < held.remaining, column_of(held.stop_ids), held.restore)
+        bias_first = self.bias is not None and self.arithmetic == "vllm"
+        if bias_first:
+            self._add_bias(logits, columns)
         if self.has_penalties:
             _penalise(logits, paths, self, columns)
-        if self.bias is not None:
-            logits += (self.bias if columns is None else self.bias[:, columns])[:, None, :]
+        if self.bias is not None and not bias_first:
+            self._add_bias(logits, columns)
         return logits
+
+    def _add_bias(self, logits: torch.Tensor, columns: Optional[torch.Tensor]) -> None:
+        logits += (self.bias if columns is None else self.bias[:, columns])[:, None, :]
 
     def for_draft(self) -> Optional["OutputRules"]:
         """The rules a draft obeys: those that remove ids (allowed ids, bad words, ``min_tokens``) and the bias, not

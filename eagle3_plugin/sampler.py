@@ -12,11 +12,12 @@ Every engine integration, the reference generator and the statistical tests call
 - ``method="one_hot"`` (T > 0): the draft treated as deterministic, as EAGLE and SGLang do: accept ``x``
   with ``p(x)``, else ``p <- norm(p with x removed)``. Lossless for any tree, lower acceptance.
 
-``p`` is the target distribution after temperature, top-k and top-p, the way the serving engine filters
-(:data:`FilterOrder`): vLLM and HF transformers apply top-p to what top-k kept, renormalised ("sequential");
-SGLang applies both to the temperature-scaled distribution at once ("joint", its torch and flashinfer samplers),
-then min-p (ids below ``min_p`` times the most likely id's probability dropped). Lossless means the engine's own
-law, so each engine's shim names its order.
+``p`` is the target distribution after temperature, min-p, top-k and top-p, the way the serving engine filters
+(:data:`FilterOrder`). Min-p drops ids whose probability is below ``min_p`` times the most likely id's. vLLM and HF
+transformers apply top-p to what top-k kept, renormalised ("sequential"); vLLM's min-p comes first, on the
+temperature-scaled distribution (its ``MinPLogitsProcessor``). SGLang applies top-k and top-p to the
+temperature-scaled distribution at once ("joint", its torch and flashinfer samplers), then min-p. Lossless means the
+engine's own law, so each engine's shim names its order.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ FilterOrder = Literal["sequential", "joint"]
 @dataclass
 class SamplingParams:
     """Per-row sampling settings: ``temperature [B]`` (0 = greedy), ``top_k [B]`` (0 = off), ``top_p [B]``; the
-    engine's ``filter_order`` for top-k with top-p (see the module docstring); ``min_p [B]`` (0 = off; None: off in
-    every row), in the joint order only (SGLang's)."""
+    engine's ``filter_order`` (see the module docstring); ``min_p [B]`` (0 = off; None: off in every row)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
@@ -48,8 +48,6 @@ class SamplingParams:
     def __post_init__(self):
         if self.filter_order not in ("sequential", "joint"):
             raise ValueError(f"unknown top-k/top-p filter order {self.filter_order!r}")
-        if self.min_p is not None and self.filter_order != "joint":
-            raise ValueError("min_p is applied in the joint filter order (SGLang's) only")
 
     @classmethod
     def uniform(cls, batch: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -109,8 +107,13 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def _sequential_top_k_top_p(scaled: torch.Tensor, params: SamplingParams, shape: tuple) -> torch.Tensor:
-    """vLLM's and HF's order: top-k on the scaled logits (ties at the k-th value all stay), softmax, then the
-    shortest prefix by probability whose mass reaches top_p (ties: the lower id first)."""
+    """vLLM's and HF's order: min-p on the scaled distribution (vLLM's), top-k on the scaled logits (ties at the k-th
+    value all stay), softmax, then the shortest prefix by probability whose mass reaches top_p (ties: the lower id
+    first)."""
+    if params.min_p is not None and bool((params.min_p > 0).any()):
+        probs = torch.softmax(scaled, dim=-1)
+        floor = probs.amax(-1, keepdim=True) * params.min_p.view(shape)
+        scaled = scaled.masked_fill(probs < floor, float("-inf"))
     if bool((params.top_k > 0).any()):
         k = _top_k_counts(params, scaled.shape[-1], shape)
         kth = torch.gather(torch.sort(scaled, dim=-1, descending=True).values, -1,

@@ -1,6 +1,7 @@
 """The target's sampling law written independently of ``eagle3_plugin.sampler`` (numpy, float64), to test it.
 
-p = softmax(logits / T) restricted by top-k, then top-p, renormalised each time:
+p = softmax(logits / T) restricted by min-p, then top-k, then top-p, renormalised each time (vLLM's order):
+- min-p keeps every token whose probability is at least ``min_p`` times the most probable's;
 - top-k keeps every token whose scaled logit is at least the k-th largest (ties at the k-th value all stay);
 - top-p orders tokens by probability, the larger first and, among equal ones, the lower token id first, and keeps
   the shortest prefix whose mass reaches p (a boundary exactly on a cumulative sum ends the prefix there);
@@ -8,7 +9,7 @@ p = softmax(logits / T) restricted by top-k, then top-p, renormalised each time:
 
 ``joint=True`` is SGLang's order instead: both filters read softmax(logits / T) itself; a token stays if it is among
 the k most probable (the lower id first among equal ones) and the mass ranked above it is at most p; then min-p
-(joint only) drops those kept whose probability is below ``min_p`` times the most probable's.
+drops those kept whose probability is below ``min_p`` times the most probable's.
 """
 
 import numpy as np
@@ -24,8 +25,10 @@ def target_law(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, j
     scaled = logits / temperature
     if joint:
         return _joint_law(scaled, top_k, top_p, min_p)
-    assert min_p == 0, "min_p is SGLang's, in the joint order"
     keep = np.ones(scaled.shape, dtype=bool)
+    if min_p > 0:
+        probs = np.exp(scaled - scaled.max())
+        keep &= probs / probs.sum() >= min_p * probs.max() / probs.sum()
     if 0 < top_k < scaled.size:
         kth = np.sort(scaled)[::-1][top_k - 1]
         keep &= scaled >= kth

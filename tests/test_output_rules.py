@@ -35,6 +35,8 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
         x[held.stop_ids] = float("-inf")
         if held.restore and bool(torch.isneginf(x).all()):
             x[held.stop_ids] = before[held.stop_ids]
+    if rules.bias is not None and rules.arithmetic == "vllm":  # vLLM's LogitBiasLogitsProcessor, before penalties
+        x = x + rules.bias[row]
     if rules.prompt is not None and rules.arithmetic == "sglang":
         x = sglang_penalised(x, context, row, rules)
     elif rules.prompt is not None:
@@ -45,7 +47,7 @@ def one_node(x: torch.Tensor, context: list[int], depth: int, row: int, rules: O
         x = x * torch.where(x > 0, 1.0 / penalty, penalty)
         x = x - rules.frequency[row] * count
         x = x - rules.presence[row] * (count > 0)
-    if rules.bias is not None:
+    if rules.bias is not None and rules.arithmetic == "sglang":  # SGLang adds it last
         x = x + rules.bias[row]
     return x
 
@@ -87,7 +89,7 @@ def rules_for(b: int, gen: torch.Generator, penalties=True, banned=True, bad_wor
 
 @pytest.mark.parametrize("parts", [dict(), dict(banned=False, bad_words=False, held=False),
                                    dict(penalties=False), dict(penalties=False, banned=False, bad_words=False),
-                                   dict(arithmetic="sglang", bias=True),
+                                   dict(bias=True), dict(arithmetic="sglang", bias=True),
                                    dict(arithmetic="sglang", banned=False, bad_words=False)])
 def test_each_node_sees_its_own_path(parts):
     gen = torch.Generator().manual_seed(3)

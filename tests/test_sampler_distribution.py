@@ -27,6 +27,7 @@ PARAMS = {
     "T=0.7,top_k=3": dict(temperature=0.7, top_k=3),
     "T=1.3,top_p=0.8": dict(temperature=1.3, top_p=0.8),
     "T=1.2,top_p=0.9,min_p=0.2 (joint)": dict(temperature=1.2, top_p=0.9, min_p=0.2, filter_order="joint"),
+    "T=1.2,top_k=4,min_p=0.2 (sequential)": dict(temperature=1.2, top_k=4, min_p=0.2),
 }
 
 

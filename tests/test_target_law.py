@@ -1,9 +1,10 @@
-"""``sampler.target_probs`` against a reference written separately (tests/target_law.py, numpy), on hand-checked
-cases (ties at the k-th value, a top-p boundary exactly on a cumulative sum) and random ones; and against vLLM's own
-top-k/top-p (``apply_top_k_top_p_pytorch``): the same support on random logits. Where ours and vLLM's differ by
-design: vLLM orders tokens by an unstable ascending sort, so which of several equal-probability tokens survives at a
-top-p boundary is up to its sort; ours keeps the lower token id (stable). SGLang's joint order (min-p included) is
-checked against the reference here, and against SGLang's own filter in tests/sglang/test_sglang_plugin.py."""
+"""``sampler.target_probs`` against a reference written separately (tests/target_law.py, numpy), on hand-checked cases
+(ties at the k-th value, a top-p boundary exactly on a cumulative sum) and random ones; and against vLLM's own min-p
+(``MinPLogitsProcessor``) and top-k/top-p (``apply_top_k_top_p_pytorch``): the same support on random logits. Where
+ours and vLLM's differ by design: vLLM orders tokens by an unstable ascending sort, so which of several
+equal-probability tokens survives at a top-p boundary is up to its sort; ours keeps the lower token id (stable).
+SGLang's joint order (min-p included) is checked against the reference here, and against SGLang's own filter in
+tests/sglang/test_sglang_plugin.py."""
 
 import math
 
@@ -62,7 +63,8 @@ def test_random_cases_agree(joint):
         assert ours(logits, t, k, p, joint) == pytest.approx(target_law(logits, t, k, p, joint), abs=1e-5)
 
 
-def test_random_cases_with_min_p_agree():
+@pytest.mark.parametrize("joint", [False, True])
+def test_random_cases_with_min_p_agree(joint):
     g = np.random.default_rng(1)
     for _ in range(300):
         v = int(g.integers(2, 50))
@@ -70,7 +72,7 @@ def test_random_cases_with_min_p_agree():
         t = float(g.choice([0.0, 0.7, 1.0, 1.5]))
         k, p = int(g.choice([0, 2, 5, v])), float(g.choice([1.0, 0.9, 0.5]))
         m = float(g.choice([0.0, 0.05, 0.2, 0.6]))
-        assert ours(logits, t, k, p, True, m) == pytest.approx(target_law(logits, t, k, p, True, m), abs=1e-5)
+        assert ours(logits, t, k, p, joint, m) == pytest.approx(target_law(logits, t, k, p, joint, m), abs=1e-5)
 
 
 def test_min_p_by_hand():
@@ -83,8 +85,11 @@ def test_min_p_by_hand():
     assert ours(logits, 1.0, 0, 1.0, True, 0.3) == pytest.approx(want, abs=1e-6)
     assert np.count_nonzero(target_law(logits, 1.0, 0, 1.0, True, float(probs[2] / probs[0]))) == 3
     assert np.count_nonzero(target_law(logits, 1.0, 1, 1.0, True, 0.01)) == 1
-    with pytest.raises(ValueError, match="min_p"):
-        SamplingParams.uniform(1, 1.0, min_p=0.1)  # vLLM's sequential order has none here
+    # min_p 0.1 keeps the first three (at or above 0.0644); top-p 0.9 then reads them renormalised in vLLM's order,
+    # [0.665, 0.245, 0.090]: the first two reach 0.91, so two stay; SGLang's joint top-p reads 0.881 above the third
+    assert np.count_nonzero(target_law(logits, 1.0, 0, 0.9, False, 0.1)) == 2
+    assert np.count_nonzero(ours(logits, 1.0, 0, 0.9, False, 0.1)) == 2
+    assert np.count_nonzero(ours(logits, 1.0, 0, 0.9, True, 0.1)) == 3
 
 
 def test_joint_order_by_hand():
@@ -114,5 +119,25 @@ def test_vllm_top_k_top_p_has_the_same_support():
         p = torch.rand(4, generator=g) * 0.9 + 0.05
         theirs = apply_top_k_top_p_pytorch(logits.clone(), k, p)
         mine = target_probs(logits, SamplingParams(torch.ones(4), k, p))
+        assert torch.equal(torch.isfinite(theirs), mine > 0)
+        assert torch.allclose(torch.softmax(theirs, -1), mine, atol=1e-6)
+
+
+def test_vllm_min_p_then_top_k_top_p_has_the_same_support():
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=4))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        logits = torch.randn(4, 64, generator=g) * 3
+        k = torch.randint(1, 64, (4,), generator=g)
+        p = torch.rand(4, generator=g) * 0.9 + 0.05
+        m = torch.rand(4, generator=g) * 0.3
+        min_p = MinPLogitsProcessor(config, torch.device("cpu"), False)
+        min_p.min_p_count, min_p.min_p = 4, m[:, None]  # the rows' state as its update_state leaves it
+        theirs = apply_top_k_top_p_pytorch(min_p.apply(logits.clone()), k, p)
+        mine = target_probs(logits, SamplingParams(torch.ones(4), k, p, min_p=m))
         assert torch.equal(torch.isfinite(theirs), mine > 0)
         assert torch.allclose(torch.softmax(theirs, -1), mine, atol=1e-6)

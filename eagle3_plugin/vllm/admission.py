@@ -8,15 +8,14 @@ each one is either honoured by the worker or listed here.
 
 from __future__ import annotations
 
+import contextvars
+
 from .speculative import ADDITIONAL_CONFIG_KEY
 
 # (SamplingParams attribute, the value that means "off", what the client calls it)
-# Penalties, min_tokens, allowed_token_ids and bad words are honoured (:mod:`.output_rules`). min_p and logit_bias
-# are not: vLLM builds no logits processor for them in a speculative engine, so steps its sampler decides would drop
-# them too (vLLM's own drafters ignore them, with a warning at start-up).
+# Penalties, min_tokens, allowed_token_ids, bad words, logit_bias and min_p are honoured (:mod:`.output_rules`; a
+# speculative vLLM of its own refuses the last two, ``SamplingParams._validate_spec_decode``).
 UNSUPPORTED = (
-    ("min_p", 0.0, "min_p"),
-    ("logit_bias", None, "logit_bias"),
     ("logprob_token_ids", None, "logprob_token_ids"),
     ("thinking_token_budget", None, "thinking_token_budget"),
     ("trace_decode_token_ids", None, "trace_decode_token_ids"),
@@ -31,8 +30,14 @@ def unsupported_settings(params, tree: bool) -> list[str]:
     return found
 
 
+# Whether the request being validated is for an engine with our worker (vLLM's check of min_p and logit_bias sees
+# only the speculative config, which is vLLM's own EAGLE-3 one in either case).
+_validating_ours = contextvars.ContextVar("eagle3_validating_ours", default=False)
+
+
 def install() -> None:
-    """Wrap the front end's request validation: with our config, refuse what :func:`unsupported_settings` lists."""
+    """Wrap the front end's request validation: with our config, let ``min_p`` and ``logit_bias`` through and
+    refuse what :func:`unsupported_settings` lists."""
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
@@ -40,10 +45,19 @@ def install() -> None:
     original = InputProcessor._validate_params
     if getattr(original, "_eagle3_wrapped", False):
         return
+    spec_decode_check = SamplingParams._validate_spec_decode
+
+    def _validate_spec_decode(self, speculative_config):
+        if not _validating_ours.get():
+            spec_decode_check(self, speculative_config)
 
     def _validate_params(self, params, *args, **kwargs):
-        result = original(self, params, *args, **kwargs)
         ours = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        validating = _validating_ours.set(bool(ours))
+        try:
+            result = original(self, params, *args, **kwargs)
+        finally:
+            _validating_ours.reset(validating)
         if ours and isinstance(params, SamplingParams):
             found = unsupported_settings(params, tree=ours["top_k"] > 1)
             if found:
@@ -53,3 +67,4 @@ def install() -> None:
 
     _validate_params._eagle3_wrapped = True
     InputProcessor._validate_params = _validate_params
+    SamplingParams._validate_spec_decode = _validate_spec_decode

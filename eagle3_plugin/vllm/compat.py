@@ -71,11 +71,19 @@ REQUIRED_INTERNALS = (
      ("no_penalties", "prompt_token_ids", "frequency_penalties", "presence_penalties", "repetition_penalties",
       "output_token_ids", "allowed_token_ids_mask", "bad_words_token_ids", "logitsprocs")),
     ("vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor.add_request", ("params", "output_tok_ids")),
+    # logit_bias and min_p: vLLM's built-in processors, which a speculative vLLM leaves out, built for our runner
+    ("vllm.v1.sample.logits_processor", "BUILTIN_LOGITS_PROCESSORS", None),
+    ("vllm.v1.sample.logits_processor", "LogitsProcessors", ("logitsprocs",)),
+    ("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor.update_state", ("batch_update",)),
+    ("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor.update_state", ("batch_update",)),
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch._make_sampling_metadata", ()),
+    ("vllm.utils.torch_utils", "PIN_MEMORY", None),
     # admission: settings the worker does not apply are refused in the front end
     ("vllm.v1.engine.input_processor", "InputProcessor._validate_params", ("params",)),
+    ("vllm.sampling_params", "SamplingParams._validate_spec_decode", ("speculative_config",)),
     ("vllm.exceptions", "VLLMValidationError", ("message", "parameter")),
     ("vllm.sampling_params", "SamplingParams",
-     tuple(attr for attr, _, _ in UNSUPPORTED) + ("structured_outputs", "logprobs")),
+     tuple(attr for attr, _, _ in UNSUPPORTED) + ("structured_outputs", "logprobs", "min_p", "logit_bias")),
     ("vllm.model_executor.layers.attention", "Attention", None),
     # tensor parallelism: rank 0's tree shape to the others; the draft layer's cache spec read from its kv heads
     ("vllm.distributed.parallel_state", "get_tp_group", ()),

@@ -1,28 +1,41 @@
-"""vLLM's per-request rules on the target's logits that read the request's output (penalties, ``min_tokens``,
-``allowed_token_ids``, bad words), as the core's :class:`~eagle3_plugin.output_rules.OutputRules`.
+"""vLLM's per-request rules on the target's logits (penalties, ``min_tokens``, ``allowed_token_ids``, bad words,
+``logit_bias``), as the core's :class:`~eagle3_plugin.output_rules.OutputRules`, and its ``min_p``.
 
-vLLM keeps them in the input batch's ``SamplingMetadata`` (its ``min_tokens`` in the batch's
-``MinTokensLogitsProcessor``, the one logits processor it builds for a speculative engine), row by row.
+vLLM keeps them in the input batch's ``SamplingMetadata``, row by row; ``min_tokens``, ``logit_bias`` and ``min_p``
+in the batch's logits processors. A speculative vLLM builds only ``MinTokensLogitsProcessor`` and drops the other
+two (with a warning at start-up); our runner builds vLLM's three built-in ones (:func:`builtin_logits_processors`),
+so the steps vLLM's own sampler decides (a request's first token, steps that verify no tree) apply them as vLLM
+without speculation does, and verification applies them from here.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
+import torch
+from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
+from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
+                                                     MinTokensLogitsProcessor)
 
 from ..output_rules import HeldBack, OutputRules
+
+
+def builtin_logits_processors(vllm_config, device, is_pin_memory: bool) -> LogitsProcessors:
+    """vLLM's built-in logits processors (``min_tokens``, ``logit_bias``, ``min_p``), as vLLM builds them without
+    speculation."""
+    return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS)
 
 
 def output_rules(metadata, num_reqs: int, vocab_size: int) -> Optional[OutputRules]:
     """The rules of the batch's first ``num_reqs`` rows, or None if no row has any (the common case, checked
     without a loop over requests). vLLM lists the rows' output only when penalties or bad words read it."""
     held = _held_back(metadata, num_reqs)
+    bias = _bias(metadata, num_reqs, vocab_size)
     if metadata.no_penalties and metadata.allowed_token_ids_mask is None and not metadata.bad_words_token_ids \
-            and not held:
+            and not held and bias is None:
         return None
     emitted = metadata.output_token_ids[:num_reqs] or [[] for _ in range(num_reqs)]
-    rules = OutputRules(vocab_size, emitted, held_back=held,
+    rules = OutputRules(vocab_size, emitted, held_back=held, bias=bias,
                         bad_words={row: words for row, words in metadata.bad_words_token_ids.items() if row < num_reqs})
     if not metadata.no_penalties:
         rules.prompt = metadata.prompt_token_ids[:num_reqs].long()
@@ -44,3 +57,25 @@ def _held_back(metadata, num_reqs: int) -> dict[int, HeldBack]:
                 if row < num_reqs and len(output) < minimum:
                     held[row] = HeldBack(minimum - len(output), sorted(stop_ids), structured)
     return held
+
+
+def _bias(metadata, num_reqs: int, vocab_size: int) -> Optional[torch.Tensor]:
+    """``[num_reqs, V]`` from vLLM's ``LogitBiasLogitsProcessor`` (row -> {id: bias}), or None if no row has one."""
+    for processor in metadata.logitsprocs.non_argmax_invariant:
+        if isinstance(processor, LogitBiasLogitsProcessor):
+            rows = {row: biases for row, biases in processor.biases.items() if row < num_reqs}
+            if not rows:
+                return None
+            bias = torch.zeros(num_reqs, vocab_size)
+            for row, biases in rows.items():
+                bias[row, list(biases)] = torch.tensor(list(biases.values()), dtype=torch.float32)
+            return bias
+    return None
+
+
+def min_p_of(metadata, num_reqs: int) -> Optional[torch.Tensor]:
+    """``[num_reqs]`` from vLLM's ``MinPLogitsProcessor`` (0: off), or None if no row has one."""
+    for processor in metadata.logitsprocs.argmax_invariant:
+        if isinstance(processor, MinPLogitsProcessor) and processor.min_p_count:
+            return torch.from_numpy(processor.min_p_cpu[:num_reqs].copy())
+    return None

@@ -19,6 +19,7 @@ from ..proposed_trees import ProposedTrees
 from ..sampler import SamplingParams, Verdict, verify_tree, verify_tree_rows
 from ..speculator import DraftEntries, DraftRows
 from ..tree import DraftTree
+from .output_rules import min_p_of
 from .paged_kv import block_slots
 from .tree_attention import TreeAttention
 from .waiting import waiting as waiting_requests
@@ -221,10 +222,12 @@ def remaining_tokens(runner, num_reqs: int) -> torch.Tensor:
 
 
 def sampling_params(metadata, num_reqs: int, vocab_size: int) -> SamplingParams:
-    """vLLM's per-row sampling settings as the core's (greedy rows: temperature 0; top-k at the vocabulary: off)."""
+    """vLLM's per-row sampling settings as the core's (greedy rows: temperature 0; top-k at the vocabulary: off;
+    ``min_p`` from its logits processor)."""
     temperature = (torch.zeros(num_reqs) if metadata.temperature is None
                    else metadata.temperature[:num_reqs].float().clamp(min=0))
     top_k = (torch.zeros(num_reqs, dtype=torch.long) if metadata.top_k is None
              else metadata.top_k[:num_reqs].long())
     top_p = torch.ones(num_reqs) if metadata.top_p is None else metadata.top_p[:num_reqs].float()
-    return SamplingParams(temperature, torch.where(top_k >= vocab_size, 0, top_k), top_p)
+    return SamplingParams(temperature, torch.where(top_k >= vocab_size, 0, top_k), top_p,
+                          min_p=min_p_of(metadata, num_reqs))

@@ -8,8 +8,9 @@ One engine step, for the whole batch at once (the scheduler, the KV manager and 
     target forward    every tree request's rows in one masked attention per layer, the CPU_ATTN kernel for the rest
     _sample           core verify_tree over all rows (greedy, or recursive rejection with the draft's real
                       probabilities) -> accepted tokens + bonus, as vLLM's rejection sampler would emit them; the
-                      requests' penalties, min_tokens, allowed ids and bad words apply at each node for its path
-                      (:mod:`.output_rules`); the accepted paths' KV moves to the slots of positions root + 1, ...
+                      requests' penalties, min_tokens, allowed ids, bad words and logit_bias apply at each node for
+                      its path, and min_p in the target's law (:mod:`.output_rules`); the accepted paths' KV moves to
+                      the slots of positions root + 1, ...
     propose           core Speculator: one draft catch-up forward on every request's new entries, then one
                       forward per tree level; the draft's KV lives in vLLM's paged cache (the layer vLLM
                       allocated for its own EAGLE drafter), so prefix caching and preemption cover it
@@ -38,12 +39,13 @@ from ..speculator import Speculator, TreeShape
 from ..timings import PluginTimings
 from ..wave import QuietBatch
 from . import draft_handoff, paged_kv, tree_attention
-from .output_rules import output_rules
+from .output_rules import builtin_logits_processors, output_rules
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
 from .step import Step, draft_entries, draft_rows, remaining_tokens, sampling_params
 from .tensor_parallel import ShapeBroadcast, full_draft_heads, rank_budget, step_guard
 
+from vllm.utils.torch_utils import PIN_MEMORY
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
@@ -76,6 +78,9 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         if self.model_config.logprobs_mode not in ("raw_logprobs", "raw_logits"):
             raise RuntimeError(f"eagle3-plugin's worker returns raw logprobs; --logprobs-mode "
                                f"{self.model_config.logprobs_mode} is not supported")
+        batch = self.input_batch  # empty yet; vLLM carries its processors into any batch it rebuilds
+        batch.logitsprocs = builtin_logits_processors(vllm_config, self.device, PIN_MEMORY)
+        batch.sampling_metadata = batch._make_sampling_metadata()
 
     # -- model and memory --------------------------------------------------------------------------
 

