@@ -246,6 +246,23 @@ def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: Sa
     return Verdict(accepted=accepted, num_accepted=(accepted[:, 1:] >= 0).sum(1), bonus=bonus)
 
 
+def unscored_to_bonus(verdict: Verdict, tree: DraftTree, scored: torch.Tensor) -> Verdict:
+    """``verdict`` over ``tree`` whose nodes from ``scored [B]`` on are leaves without target logits of their own (an
+    engine ran the target on fewer nodes than were proposed; their logits rows may hold anything): an accepted one
+    becomes the bonus token, and the accepted path ends at its parent. Lossless: such a node was verified as its
+    parent's child like any other, which reads the parent's logits only, and the bonus after it, which would read its
+    own, is left to the engine's next step. Engines whose verified nodes depend on the draft's tokens need this: vLLM
+    cuts a chain before its first draft token a grammar forbids, and a bonus drawn from ``p`` at the cut, where the
+    cut child's rejection would have drawn it from the residual, leaves the target's law."""
+    rows = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)
+    deepest = verdict.accepted[rows, verdict.num_accepted]
+    unscored = deepest >= scored
+    accepted = verdict.accepted.clone()
+    accepted[rows[unscored], verdict.num_accepted[unscored]] = -1
+    return Verdict(accepted, verdict.num_accepted - unscored.long(),
+                   torch.where(unscored, tree.tokens[rows, deepest], verdict.bonus))
+
+
 def _check_method(method: str) -> None:
     if method not in ("real", "one_hot"):
         raise ValueError(f"unknown verification method {method!r}")

@@ -98,6 +98,37 @@ class DraftTree:
         order = torch.sort((~is_child).to(torch.int8), dim=2, stable=True).indices[..., :max_children]
         return torch.where(torch.gather(is_child, 2, order), order, torch.full_like(order, -1))
 
+    def leading_paths(self, rows: torch.Tensor) -> tuple["DraftTree", torch.Tensor]:
+        """The same trees, with the rows ``rows [B]`` (bool) cut to their leading path, root first: each node's first
+        child (in index order, that is in sampling order: the draft's most likely id for greedy trees, its first draw
+        without replacement for sampled ones, a plain draw from ``q``), to the first node without children; the other
+        nodes detached. So such a row is a chain of plain draws, verified losslessly as one, for engines that can
+        verify only a chain for some requests (vLLM's grammars). Returns the trees and each row's node count (``size``
+        for the other rows)."""
+        b, n = self.parents.shape
+        device = self.parents.device
+        first = self.children(1)[..., 0]  # [B, N]: each node's first child, -1 if none
+        node, path = torch.zeros(b, dtype=torch.long, device=device), []
+        for _ in range(n):
+            path.append(node)
+            node = torch.where(node >= 0, first.gather(1, node.clamp(min=0)[:, None])[:, 0], -1)
+        path = torch.stack(path, dim=1)  # [B, N]: the leading path's nodes, then -1
+        on_path = path >= 0
+        index = torch.arange(n, device=device).expand(b, n)
+        at = path.clamp(min=0)
+        tokens = torch.where(on_path, self.tokens.gather(1, at), 0)
+        parents = torch.where(on_path, index - 1, -1)
+        depths = torch.where(on_path, index, 0)
+        pick = rows[:, None]
+        probs = self.draft_probs
+        if probs is not None:
+            chained = torch.where(on_path[..., None], probs.gather(1, at[..., None].expand(-1, -1, probs.shape[2])),
+                                  0.0)
+            probs = torch.where(pick[..., None], chained, probs)
+        trees = DraftTree(torch.where(pick, tokens, self.tokens), torch.where(pick, parents, self.parents),
+                          torch.where(pick, depths, self.depths), probs, self.hot_ids)
+        return trees, torch.where(rows, on_path.sum(1), n)
+
     def retrieve_indices(self) -> torch.Tensor:
         """``[B, N, depth + 1]``: for each node, its root-to-node path (padded with -1); leaves' rows
         are EAGLE's retrieve indices."""

@@ -10,7 +10,8 @@ known-wrong sampler (accept every draft token) must fail the same test with p < 
 import pytest
 import torch
 
-from eagle3_plugin.sampler import SamplingParams, Verdict, verify_tree
+from eagle3_plugin.sampler import SamplingParams, Verdict, unscored_to_bonus, verify_tree
+from eagle3_plugin.tree import build_tree
 from stats_util import chi_square_pvalue
 from toy import Bigram
 
@@ -47,6 +48,69 @@ def test_two_token_distribution_is_the_target(case, params_name):
     first = torch.bincount(samples[:, 0], minlength=toy.vocab).double() / N
     assert (first - exact.sum(1)).abs().sum() / 2 < 0.02, "first-token total variation above 0.02"
     assert pairs_pvalue(samples, exact) > ALPHA
+
+
+class LeadingPaths(Bigram):
+    """Every tree cut to its leading path before verification, as vLLM's worker does for requests with a grammar."""
+
+    def one_round(self, roots, depth, top_k, total, params, method, sample, generator, verify=verify_tree):
+        tree = build_tree(roots, self.draft[roots], lambda level, tokens, parent_slot: self.draft[tokens], depth,
+                          top_k, total, params.temperature, sample, self.hot_ids, generator)
+        tree, _ = tree.leading_paths(torch.ones(roots.shape[0], dtype=torch.bool))
+        return tree, verify(tree, self.target[tree.tokens], params, method, generator)
+
+
+@pytest.mark.parametrize("params_name", PARAMS)
+def test_a_trees_leading_path_is_a_lossless_chain(params_name):
+    depth, top_k, total, method, sample = CASES["tree-real"]
+    toy = LeadingPaths(seed=1)
+    samples = toy.sample_two_tokens(N, root=0, depth=depth, top_k=top_k, total=total,
+                                    params_row=PARAMS[params_name], method=method, sample=sample, seed=7)
+    assert pairs_pvalue(samples, toy.exact_two_token(0, SamplingParams.uniform(1, **PARAMS[params_name]))) > ALPHA
+
+
+class GrammarCut(Bigram):
+    """A grammar the draft does not see (``allowed [previous, next]``; the target's logits masked by it), and an
+    engine that verifies each tree's leading path only up to its first draft token the grammar forbids, as vLLM does
+    (its scheduler drops a chain's draft tokens from the first invalid one). ``verify_cut_child``: the first dropped
+    token is still verified, as an unscored leaf (:func:`unscored_to_bonus`); else the bonus comes from ``p`` at the
+    cut, vLLM's own rule."""
+
+    def __init__(self, verify_cut_child: bool):
+        super().__init__(seed=1)
+        self.allowed = torch.rand(self.vocab, self.vocab, generator=torch.Generator().manual_seed(11)) < 0.6
+        self.allowed[:, 0] = True  # every state allows some token
+        self.target = self.target.masked_fill(~self.allowed, float("-inf"))
+        self.verify_cut_child = verify_cut_child
+
+    def one_round(self, roots, depth, top_k, total, params, method, sample, generator, verify=verify_tree):
+        tree = build_tree(roots, self.draft[roots], lambda level, tokens, parent_slot: self.draft[tokens], depth,
+                          top_k, total, params.temperature, sample, self.hot_ids, generator)
+        chain, length = tree.leading_paths(torch.ones(roots.shape[0], dtype=torch.bool))
+        valid = self.allowed[chain.tokens[:, :-1], chain.tokens[:, 1:]]
+        valid &= torch.arange(1, chain.size)[None] < length[:, None]
+        scored = 1 + valid.long().cumprod(1).sum(1)  # the root and the valid drafts before the first invalid one
+        kept = torch.minimum(scored + 1, length) if self.verify_cut_child else scored
+        chain = chain.truncated(kept)
+        verdict = verify(chain, self.target[chain.tokens], params, method, generator)
+        return chain, unscored_to_bonus(verdict, chain, scored) if self.verify_cut_child else verdict
+
+
+@pytest.mark.parametrize("params_name", PARAMS)
+def test_a_chain_cut_at_its_first_forbidden_draft_is_lossless_when_the_cut_child_is_verified(params_name):
+    depth, top_k, total, method, sample = CASES["tree-real"]
+    toy = GrammarCut(verify_cut_child=True)
+    samples = toy.sample_two_tokens(N, root=0, depth=depth, top_k=top_k, total=total,
+                                    params_row=PARAMS[params_name], method=method, sample=sample, seed=7)
+    assert pairs_pvalue(samples, toy.exact_two_token(0, SamplingParams.uniform(1, **PARAMS[params_name]))) > ALPHA
+
+
+def test_a_bonus_drawn_from_p_at_such_a_cut_leaves_the_targets_law():
+    depth, top_k, total, method, sample = CASES["tree-real"]
+    toy = GrammarCut(verify_cut_child=False)
+    samples = toy.sample_two_tokens(N, root=0, depth=depth, top_k=top_k, total=total,
+                                    params_row=dict(temperature=1.0), method=method, sample=sample, seed=7)
+    assert pairs_pvalue(samples, toy.exact_two_token(0, SamplingParams.uniform(1, temperature=1.0))) < 1e-6
 
 
 def accept_everything(tree, target_logits, params, method, generator):

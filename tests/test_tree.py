@@ -227,3 +227,37 @@ def test_chain_fast_path_is_the_top_k_1_tree():
             assert (tree.draft_probs is None) == (chain.draft_probs is None) == (not sample)
             if sample:
                 assert torch.allclose(tree.draft_probs, chain.draft_probs)
+
+
+def test_leading_paths_cut_the_chosen_rows_to_their_first_children():
+    from eagle3_plugin.tree import build_chain
+    toy = Bigram(vocab=60, draft_vocab=45, seed=8)
+    for temperature, sample in ((0.0, False), (1.0, True)):
+        tree = build(toy, 6, depth=4, top_k=3, total=12, temperature=temperature, sample=sample, seed=1)
+        rows = torch.tensor([True, False, True, True, False, True])
+        cut, counts = tree.leading_paths(rows)
+        assert torch.equal(counts[~rows], torch.full((2,), 12))
+        for name in ("tokens", "parents", "depths"):
+            assert torch.equal(getattr(cut, name)[~rows], getattr(tree, name)[~rows])
+        assert bool(cut.paths(counts)[rows].all())
+        first = tree.children(1)[..., 0]
+        for row in torch.nonzero(rows)[:, 0].tolist():
+            node, path = 0, [0]
+            while int(first[row, node]) >= 0:
+                node = int(first[row, node])
+                path.append(node)
+            assert int(counts[row]) == len(path)
+            assert cut.tokens[row, :len(path)].tolist() == tree.tokens[row, path].tolist()
+            assert (cut.parents[row, len(path):] == -1).all() and (cut.depths[row, len(path):] == 0).all()
+            if sample:
+                assert torch.equal(cut.draft_probs[row, :len(path)], tree.draft_probs[row, path])
+                assert (cut.draft_probs[row, len(path):] == 0).all()
+    # greedy: the leading path is a prefix of the draft's greedy chain
+    roots = torch.arange(6) % toy.vocab
+    greedy = build(toy, 6, depth=4, top_k=3, total=12)
+    chain = build_chain(roots, toy.draft[roots], lambda level, tokens, slot: toy.draft[tokens], 4,
+                        torch.zeros(6), False, toy.hot_ids)
+    cut, counts = greedy.leading_paths(torch.ones(6, dtype=torch.bool))
+    for row in range(6):
+        n = int(counts[row])
+        assert n >= 2 and cut.tokens[row, :n].tolist() == chain.tokens[row, :n].tolist()
