@@ -74,11 +74,13 @@ class PathLaw:
 
 
 def path_law(target_dir: str, prompt: list[int], length: int, temperature: float, top_k: int = 0,
-             top_p: float = 1.0, floor: float = 1e-3, joint: bool = False, min_p: float = 0.0) -> PathLaw:
+             top_p: float = 1.0, floor: float = 1e-3, joint: bool = False, min_p: float = 0.0,
+             allowed=None) -> PathLaw:
     """The target's joint law of the first ``length`` generated tokens (transformers, float32 logits), built with the
     numpy reference ``target_law`` (``joint``: SGLang's top-k/top-p/min-p order), not with the sampler under test. A
     prefix below ``floor`` is not expanded: its whole mass goes to the rest cell, as does that of every full path
-    below ``floor``."""
+    below ``floor``. ``allowed(prefix) -> bool [V]``: a grammar's ids after ``prefix`` (the generated tokens so far);
+    the others' logits are -inf, as an engine's grammar mask sets them."""
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -89,6 +91,8 @@ def path_law(target_dir: str, prompt: list[int], length: int, temperature: float
             logits = target(torch.tensor([prompt + list(p) for p in prefixes])).logits[:, -1].double().numpy()
         grown = {}
         for prefix, row in zip(prefixes, logits):
+            if allowed is not None:
+                row = np.where(allowed(prefix), row, -np.inf)
             probs = level[prefix] * target_law(row, temperature, top_k, top_p, joint, min_p)
             if not prefix:  # the first level's one prefix
                 first = torch.from_numpy(probs)

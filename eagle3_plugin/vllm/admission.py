@@ -22,12 +22,9 @@ UNSUPPORTED = (
 )
 
 
-def unsupported_settings(params, tree: bool) -> list[str]:
-    """What in vLLM ``SamplingParams`` our worker would not apply (``tree``: top_k > 1 in our config)."""
-    found = [name for attr, off, name in UNSUPPORTED if getattr(params, attr, off) not in (off, [], {})]
-    if tree and getattr(params, "structured_outputs", None) is not None:
-        found.append("structured output with a draft tree (vLLM's grammar masks drafts as a chain; serve a chain)")
-    return found
+def unsupported_settings(params) -> list[str]:
+    """What in vLLM ``SamplingParams`` our worker would not apply."""
+    return [name for attr, off, name in UNSUPPORTED if getattr(params, attr, off) not in (off, [], {})]
 
 
 # Whether the request being validated is for an engine with our worker (vLLM's check of min_p and logit_bias sees
@@ -59,7 +56,7 @@ def install() -> None:
         finally:
             _validating_ours.reset(validating)
         if ours and isinstance(params, SamplingParams):
-            found = unsupported_settings(params, tree=ours["top_k"] > 1)
+            found = unsupported_settings(params)
             if found:
                 raise VLLMValidationError(f"eagle3-plugin's speculative worker does not support {', '.join(found)}; "
                                           "send the request without them or serve without speculative decoding")

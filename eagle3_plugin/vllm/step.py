@@ -16,7 +16,7 @@ import torch
 
 from ..output_rules import OutputRules
 from ..proposed_trees import ProposedTrees
-from ..sampler import SamplingParams, Verdict, verify_tree, verify_tree_rows
+from ..sampler import SamplingParams, Verdict, unscored_to_bonus, verify_tree, verify_tree_rows
 from ..speculator import DraftEntries, DraftRows
 from ..tree import DraftTree
 from .output_rules import min_p_of
@@ -39,6 +39,8 @@ class Step:
     ended: bool = False  # a request ended since the last step
     waiting: bool = False  # requests wait in the scheduler: the batch is refilled as its requests end
     rules: Optional[OutputRules] = None  # the rows' penalties and the like, as of this step (None: no row has any)
+    structured: Optional[torch.Tensor] = None  # [B] bool: rows with a grammar (None: no row has one)
+    cut_child: Optional[torch.Tensor] = None  # [B] bool: rows whose tree has an unscored node after its scheduled ones
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
     began: float = 0.0  # when the step's preparation began (perf_counter)
@@ -61,7 +63,8 @@ class Step:
     @cached_property
     def has_trees(self) -> bool:
         """Whether any row verifies draft tokens (else every row is a plain decode or prompt chunk)."""
-        return self.tree.size > 1 and bool((self.node_count > 1).any())
+        cut = self.cut_child is not None and bool(self.cut_child.any())
+        return self.tree.size > 1 and (cut or bool((self.node_count > 1).any()))
 
     @cached_property
     def one_entry_per_row(self) -> bool:
@@ -81,13 +84,19 @@ class Step:
         prefilling = torch.from_numpy(runner.discard_request_mask.np[:b].copy())
         joined = bool(scheduler_output.scheduled_new_reqs or scheduler_output.scheduled_cached_reqs.resumed_req_ids)
         ended, waiting = bool(scheduler_output.finished_req_ids), waiting_requests(scheduler_output) > 0
-        if not spec:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
+        structured = None
+        if scheduler_output.has_structured_output_requests:
+            structured = torch.tensor([runner.requests[r].sampling_params.structured_outputs is not None
+                                       for r in req_ids])
+        if not spec and structured is None:  # no draft tokens scheduled (a step that drafted nothing, or prompts only)
             roots = torch.zeros(b, dtype=torch.long)
             return cls(req_ids, base, flat_start, count, torch.ones_like(roots), prefilling, DraftTree.root_only(roots),
                        None, joined, ended, waiting)
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
-        tree = _trees(pending, req_ids, node_count)
-        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined, ended, waiting)
+        decoding_chains = None if structured is None else structured & (count == node_count)
+        tree, cut_child = _trees(pending, req_ids, node_count, decoding_chains)
+        step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined, ended, waiting,
+                   structured=structured, cut_child=cut_child)
         has_tree = node_count > 1
         if bool(has_tree.any()):
             step._check_scheduled_tokens(runner.input_ids.cpu)
@@ -126,6 +135,8 @@ class Step:
         else:
             nodes = self.rules.apply(self.tree, logits[self._logit_rows()].float())
             self.verdict = verify_tree(self.tree, nodes, params, method, random)
+        if self.cut_child is not None:
+            self.verdict = unscored_to_bonus(self.verdict, self.tree, self.node_count)
         self.emitted = self.verdict.emitted(self.tree).to(torch.int32)
 
     def sampled(self, tokens: torch.Tensor) -> None:
@@ -149,14 +160,24 @@ class Step:
         return torch.nonzero(self.prefilling)[:, 0].tolist()
 
 
-def _trees(pending: ProposedTrees, req_ids: list, node_count: torch.Tensor) -> DraftTree:
-    """Each row's tree: its request's last proposal cut to ``node_count`` nodes (1: the root alone)."""
+def _trees(pending: ProposedTrees, req_ids: list, node_count: torch.Tensor,
+           chains: Optional[torch.Tensor]) -> tuple[DraftTree, Optional[torch.Tensor]]:
+    """Each row's tree: its request's last proposal cut to ``node_count`` nodes (1: the root alone); and which rows
+    keep one more node. Rows ``chains`` (decode rows with a grammar, whose proposals are chains) keep the first
+    node the scheduler dropped, as an unscored leaf (see :func:`~eagle3_plugin.sampler.unscored_to_bonus`): vLLM
+    drops a chain's draft tokens from the first its grammar forbids, so which nodes are verified depends on their
+    tokens, and the dropped child must still be verified for the target's law at T > 0."""
     trees, found = pending.get(req_ids)
     if bool((~found & (node_count > 1)).any()):
         raise RuntimeError("eagle3-plugin: a request has scheduled draft tokens but no tree of ours")
     if trees is None:
-        return DraftTree.root_only(torch.zeros(len(req_ids), dtype=torch.long))
-    return trees if bool((node_count == trees.size).all()) else trees.truncated(node_count)
+        return DraftTree.root_only(torch.zeros(len(req_ids), dtype=torch.long)), None
+    kept, cut_child = node_count, None
+    if chains is not None:
+        proposed = (trees.depths == torch.arange(trees.size)).long().cumprod(1).sum(1)  # each row's leading path
+        cut_child = chains & found & (node_count < proposed)
+        kept = node_count + cut_child.long()
+    return (trees if bool((kept == trees.size).all()) else trees.truncated(kept)), cut_child
 
 
 def draft_rows(step: Step, runner, features: torch.Tensor, block_table: torch.Tensor, block_size: int) -> DraftRows:

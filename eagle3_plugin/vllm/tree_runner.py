@@ -144,8 +144,6 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         else:
             result = self._prepare_inputs_without_drafts(scheduler_output, num_scheduled_tokens)
         began = time.perf_counter()
-        if scheduler_output.has_structured_output_requests and self.eagle3.top_k > 1:
-            raise RuntimeError("structured output reached the tree worker (admission should have refused it)")
         self._step = Step.build(self, scheduler_output, num_scheduled_tokens, self._pending)
         self._step.began = began
         self._pending_record.release(began if self._step.continues_decoding else None)
@@ -257,11 +255,16 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
                                         RowRandom(self._generator, sampling_metadata.generators), shape, rules)
         self._step = None
+        if tree is not None and step.structured is not None and shape.top_k > 1:
+            tree, counts = tree.leading_paths(step.structured)  # vLLM's grammars mask a chain of drafts only
         self._pending.set(tree, batch.req_ids)
         if tree is None:
             drafts = [[] for _ in range(step.num_reqs)]
         else:
             drafts = tree.tokens[:, 1:].tolist()
+            if step.structured is not None and shape.top_k > 1:
+                for row in torch.nonzero(step.structured)[:, 0].tolist():
+                    drafts[row] = drafts[row][:int(counts[row]) - 1]
             for row in step.prefilling_rows():
                 drafts[row] = []
         ended = time.perf_counter()

@@ -26,10 +26,14 @@ import sys
 COUNTERS = ("spec_decode", "prefix_cache_hits", "prefix_cache_queries", "num_preemptions")
 
 
-def with_int_keys(row: dict) -> dict:
-    """A sampling row from JSON, its ``logit_bias`` keyed by token id again (JSON keys are strings)."""
+def from_json(row: dict) -> dict:
+    """A sampling row from JSON as ``SamplingParams`` arguments: its ``logit_bias`` keyed by token id again (JSON keys
+    are strings), its ``structured_outputs`` (a dict) as vLLM's ``StructuredOutputsParams``."""
     if "logit_bias" in row:
-        return dict(row, logit_bias={int(token): bias for token, bias in row["logit_bias"].items()})
+        row = dict(row, logit_bias={int(token): bias for token, bias in row["logit_bias"].items()})
+    if "structured_outputs" in row:
+        from vllm.sampling_params import StructuredOutputsParams
+        row = dict(row, structured_outputs=StructuredOutputsParams(**row["structured_outputs"]))
     return row
 
 
@@ -140,7 +144,7 @@ def main() -> None:
         common = dict(max_tokens=batch.get("max_tokens", spec["max_tokens"]), ignore_eos=True,
                       seed=spec.get("request_seed"))
         if batch.get("sampling"):
-            params = [SamplingParams(**with_int_keys(row), **common) for row in batch["sampling"]]
+            params = [SamplingParams(**from_json(row), **common) for row in batch["sampling"]]
         else:
             params = SamplingParams(temperature=spec["temperature"], top_p=spec.get("top_p", 1.0), **common)
         before = spec_counters(llm)

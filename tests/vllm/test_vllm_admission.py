@@ -1,7 +1,7 @@
 """What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings the
 worker honours come back right (logprobs of the emitted and of the prompt tokens equal the target's own
 log-probabilities; n, stop, seed, echo, beam search, any top_k, penalties, min_tokens, allowed ids, bad words,
-logit_bias and min_p are served), settings it cannot honour get HTTP 400, streams the client drops mid-way end
+logit_bias, min_p and grammars are served), settings it cannot honour get HTTP 400, streams the client drops mid-way end
 cleanly, and every later request is still served, unchanged."""
 
 import json
@@ -68,7 +68,7 @@ def test_logprobs_are_the_targets(client, prompt, tok, target):
 
 
 REFUSED = {
-    "structured output": dict(extra_body={"structured_outputs": {"regex": "[a-z]+"}}),
+    "logprob_token_ids": dict(logprobs=1, extra_body={"logprob_token_ids": [5, 6]}),
 }
 
 
@@ -88,6 +88,8 @@ HONOURED = {  # their effect on the tokens is tested against vLLM without specul
     "logit_bias on every id": dict(logit_bias={str(t): -100 for t in range(2048)}),
     "min_p": dict(extra_body={"min_p": 0.1}),
     "min_p 1 with a bias": dict(logit_bias={"17": 100}, extra_body={"min_p": 1.0}),
+    "a regex": dict(extra_body={"structured_outputs": {"regex": "[a-z]+( [a-z]+)*"}}),
+    "a JSON schema": dict(extra_body={"structured_outputs": {"json": {"type": "object"}}}),
 }
 
 

