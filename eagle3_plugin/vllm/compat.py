@@ -77,6 +77,9 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.sample.logits_processor.builtin", "LogitBiasLogitsProcessor.update_state", ("batch_update",)),
     ("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor.update_state", ("batch_update",)),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch._make_sampling_metadata", ()),
+    # grammars: which rows have one (drafted as chains), vLLM's scheduler cutting their drafts as a chain
+    ("vllm.v1.worker.gpu_input_batch", "CachedRequestState", ("sampling_params",)),
+    ("vllm.v1.structured_output", "StructuredOutputManager.validate_tokens", ("request", "spec_tokens")),
     ("vllm.utils.torch_utils", "PIN_MEMORY", None),
     # admission: settings the worker does not apply are refused in the front end
     ("vllm.v1.engine.input_processor", "InputProcessor._validate_params", ("params",)),
