@@ -8,7 +8,7 @@
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
 - Penalties (frequency, presence, repetition), ``min_new_tokens``, ``logit_bias`` and grammars (a regex, a JSON
-  schema), alone and mixed: greedy outputs equal SGLang's without speculation, with its overlap scheduler off
+  schema, EBNF), alone and mixed: greedy outputs equal SGLang's without speculation, with its overlap scheduler off
   (SGLang turns it off for speculation on CPU; with it on, its penalties read the output one token late), and each
   setting changes them. At T = 1 they are served, ``min_new_tokens`` holds the stop ids back and outputs match
   their regex. Our per-node rules equal SGLang's own penalizers bit for bit (tests/sglang_support/same_penalties.py).
@@ -45,7 +45,8 @@ RULES = [{"frequency_penalty": 0.6}, {"presence_penalty": 0.8}, {"repetition_pen
          {"min_new_tokens": 30, "stop_token_ids": [STOP]},
          {"frequency_penalty": 1.5, "presence_penalty": -0.3, "min_new_tokens": 12},
          {"logit_bias": {str(STOP): -100.0, "14": 1.5}, "frequency_penalty": 0.4},
-         {"regex": "(yes|no), because [a-z ]+\\."}, {"json_schema": SCHEMA, "presence_penalty": 0.5}]
+         {"regex": "(yes|no), because [a-z ]+\\."}, {"json_schema": SCHEMA, "presence_penalty": 0.5},
+         {"ebnf": 'root ::= ("yes" | "no") ", since " [a-z]+ (" " [a-z]+)* "."'}]
 
 
 @pytest.fixture(scope="module")
