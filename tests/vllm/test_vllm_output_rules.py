@@ -93,14 +93,15 @@ def runs(prompts, plain_greedy):
     batch = dict(prompts=prompts + prompts[:2] + prompts[:3] + [prompts[2], prompts[0]] + prompts[3:5]
                  + [prompts[0], prompts[1], prompts[5]],
                  sampling=rows + sampled + min_p_rows(plain_greedy) + grammar_rows())
-    spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch], max_tokens=MAX_TOKENS,
-                        temperature=0.0))["batches"][0]
-    plain = run_llm(dict(target=TARGET, batches=[batch], max_tokens=MAX_TOKENS, temperature=0.0))["batches"][0]
-    return spec, plain
+    alone = dict(prompts=prompts[3:4], sampling=grammar_rows()[:1])  # steps where vLLM keeps none of its drafts
+    spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch, alone],
+                        max_tokens=MAX_TOKENS, temperature=0.0))["batches"]
+    plain = run_llm(dict(target=TARGET, batches=[batch, alone], max_tokens=MAX_TOKENS, temperature=0.0))["batches"]
+    return spec[0], plain[0], spec[1], plain[1]
 
 
 def test_greedy_with_rules_is_identical_to_no_speculation(runs, plain_greedy):
-    spec, plain = runs
+    spec, plain, _, _ = runs
     assert spec["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
     assert spec["tokens"][:8] == plain["tokens"][:8]
     assert spec["tokens"][0] == plain_greedy[0]  # no rule: the target's own greedy tokens
@@ -112,8 +113,18 @@ def test_greedy_with_rules_is_identical_to_no_speculation(runs, plain_greedy):
     assert spec["tokens"][14] != plain_greedy[4][:len(spec["tokens"][14])]
 
 
+def test_a_grammar_request_alone_is_identical_to_no_speculation(runs):
+    """One request alone, so some steps schedule no draft at all (vLLM's grammar check kept none of its chain's):
+    those steps verify the cut child outside vLLM's spec-decode layout, and the output is still
+    vLLM-without-speculation's."""
+    _, _, spec, plain = runs
+    assert spec["tokens"] == plain["tokens"]
+    steps = MAX_TOKENS - 1 - spec["metrics"]["vllm:spec_decode_num_accepted_tokens"]  # decode steps after the prefill
+    assert 0 < spec["metrics"]["vllm:spec_decode_num_drafts"] < steps
+
+
 def test_grammars_hold_with_our_tree(runs):
-    spec, _ = runs
+    spec, _, _, _ = runs
     tok = AutoTokenizer.from_pretrained(TARGET)
 
     def text(tokens):  # up to the end-of-sequence a finished grammar allows (the requests ignore it and go on)
@@ -125,13 +136,13 @@ def test_grammars_hold_with_our_tree(runs):
 
 
 def test_min_p_one_at_t1_gives_the_greedy_tokens(runs, plain_greedy):
-    spec, plain = runs
+    spec, plain, _, _ = runs
     assert spec["tokens"][11] == plain["tokens"][11] == plain_greedy[2]
     assert spec["tokens"][12] == plain["tokens"][12] == plain["tokens"][6]  # under row 6's bias
 
 
 def test_sampled_rows_with_rules_are_served_within_their_rules(runs, plain_greedy):
-    spec, _ = runs
+    spec, _, _, _ = runs
     assert all(len(tokens) == MAX_TOKENS for tokens in spec["tokens"][8:11])
     assert all(50 <= t < 900 for t in spec["tokens"][9])
     banned = {int(t) for t, b in bias(plain_greedy[2]).items() if b < 0}
