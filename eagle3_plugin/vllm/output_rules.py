@@ -51,31 +51,33 @@ def _held_back(metadata, num_reqs: int) -> dict[int, HeldBack]:
     """Rows whose ``min_tokens`` is not reached yet, from vLLM's ``MinTokensLogitsProcessor`` (row -> its minimum,
     its output list, its stop ids, whether it has structured output)."""
     held = {}
-    for processor in metadata.logitsprocs.non_argmax_invariant:
-        if isinstance(processor, MinTokensLogitsProcessor):
-            for row, (minimum, output, stop_ids, structured) in processor.min_toks.items():
-                if row < num_reqs and len(output) < minimum:
-                    held[row] = HeldBack(minimum - len(output), sorted(stop_ids), structured)
+    processor = _processor(metadata.logitsprocs.non_argmax_invariant, MinTokensLogitsProcessor)
+    for row, (minimum, output, stop_ids, structured) in (processor.min_toks.items() if processor else ()):
+        if row < num_reqs and len(output) < minimum:
+            held[row] = HeldBack(minimum - len(output), sorted(stop_ids), structured)
     return held
 
 
 def _bias(metadata, num_reqs: int, vocab_size: int) -> Optional[torch.Tensor]:
     """``[num_reqs, V]`` from vLLM's ``LogitBiasLogitsProcessor`` (row -> {id: bias}), or None if no row has one."""
-    for processor in metadata.logitsprocs.non_argmax_invariant:
-        if isinstance(processor, LogitBiasLogitsProcessor):
-            rows = {row: biases for row, biases in processor.biases.items() if row < num_reqs}
-            if not rows:
-                return None
-            bias = torch.zeros(num_reqs, vocab_size)
-            for row, biases in rows.items():
-                bias[row, list(biases)] = torch.tensor(list(biases.values()), dtype=torch.float32)
-            return bias
-    return None
+    processor = _processor(metadata.logitsprocs.non_argmax_invariant, LogitBiasLogitsProcessor)
+    rows = {row: biases for row, biases in processor.biases.items() if row < num_reqs} if processor else {}
+    if not rows:
+        return None
+    bias = torch.zeros(num_reqs, vocab_size)
+    for row, biases in rows.items():
+        bias[row, list(biases)] = torch.tensor(list(biases.values()), dtype=torch.float32)
+    return bias
 
 
 def min_p_of(metadata, num_reqs: int) -> Optional[torch.Tensor]:
     """``[num_reqs]`` from vLLM's ``MinPLogitsProcessor`` (0: off), or None if no row has one."""
-    for processor in metadata.logitsprocs.argmax_invariant:
-        if isinstance(processor, MinPLogitsProcessor) and processor.min_p_count:
-            return torch.from_numpy(processor.min_p_cpu[:num_reqs].copy())
-    return None
+    processor = _processor(metadata.logitsprocs.argmax_invariant, MinPLogitsProcessor)
+    if processor is None or not processor.min_p_count:
+        return None
+    return torch.from_numpy(processor.min_p_cpu[:num_reqs].copy())
+
+
+def _processor(processors, kind):
+    """The batch's logits processor of class ``kind`` among ``processors``, or None."""
+    return next((processor for processor in processors if isinstance(processor, kind)), None)

@@ -255,6 +255,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
                                         RowRandom(self._generator, sampling_metadata.generators), shape, rules)
         self._step = None
+        counts = None  # each row's nodes, where grammar rows are cut to their leading path
         if tree is not None and step.structured is not None and shape.top_k > 1:
             tree, counts = tree.leading_paths(step.structured)  # vLLM's grammars mask a chain of drafts only
         self._pending.set(tree, batch.req_ids)
@@ -262,9 +263,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             drafts = [[] for _ in range(step.num_reqs)]
         else:
             drafts = tree.tokens[:, 1:].tolist()
-            if step.structured is not None and shape.top_k > 1:
-                for row in torch.nonzero(step.structured)[:, 0].tolist():
-                    drafts[row] = drafts[row][:int(counts[row]) - 1]
+            if counts is not None:
+                drafts = [row[:count - 1] for row, count in zip(drafts, counts.tolist())]
             for row in step.prefilling_rows():
                 drafts[row] = []
         ended = time.perf_counter()
