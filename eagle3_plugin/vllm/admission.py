@@ -14,9 +14,9 @@ from .speculative import ADDITIONAL_CONFIG_KEY
 
 # (SamplingParams attribute, the value that means "off", what the client calls it)
 # Penalties, min_tokens, allowed_token_ids, bad words, logit_bias and min_p are honoured (:mod:`.output_rules`; a
-# speculative vLLM of its own refuses the last two, ``SamplingParams._validate_spec_decode``).
+# speculative vLLM of its own refuses the last two, ``SamplingParams._validate_spec_decode``), and so are logprobs and
+# logprob_token_ids (the tree runner's ``_logprobs``).
 UNSUPPORTED = (
-    ("logprob_token_ids", None, "logprob_token_ids"),
     ("thinking_token_budget", None, "thinking_token_budget"),
     ("trace_decode_token_ids", None, "trace_decode_token_ids"),
 )

@@ -66,10 +66,12 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.outputs", "SamplerOutput", ("sampled_token_ids", "logprobs_tensors")),
     ("vllm.v1.sample.sampler", "Sampler.compute_logprobs", ("logits",)),
     ("vllm.v1.sample.sampler", "Sampler.gather_logprobs", ("logprobs", "num_logprobs", "token_ids")),
+    ("vllm.v1.sample.sampler", "Sampler.gather_specific_token_logprobs", ("logprobs", "logprob_token_ids", "sampled")),
     # output rules (penalties, allowed ids, bad words; min_tokens from its processor's rows, filled by add_request)
     ("vllm.v1.sample.metadata", "SamplingMetadata",
      ("no_penalties", "prompt_token_ids", "frequency_penalties", "presence_penalties", "repetition_penalties",
-      "output_token_ids", "allowed_token_ids_mask", "bad_words_token_ids", "logitsprocs")),
+      "output_token_ids", "allowed_token_ids_mask", "bad_words_token_ids", "logitsprocs", "max_num_logprobs",
+      "logprob_token_ids")),
     ("vllm.v1.sample.logits_processor.builtin", "MinTokensLogitsProcessor.add_request", ("params", "output_tok_ids")),
     # logit_bias and min_p: vLLM's built-in processors, which a speculative vLLM leaves out, built for our runner
     ("vllm.v1.sample.logits_processor", "BUILTIN_LOGITS_PROCESSORS", None),

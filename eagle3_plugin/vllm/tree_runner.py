@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import asdict
+from typing import Optional
 
 import torch
 from torch import nn
@@ -189,8 +190,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         step.verify(logits, sampling_params(metadata, step.num_reqs, vocab_size), self.eagle3.tree_sampler, random)
         self._compact(step)
         logprobs = None
-        if metadata.max_num_logprobs is not None:
-            logprobs = self._logprobs(logits, step, metadata.max_num_logprobs)
+        if metadata.max_num_logprobs is not None or metadata.logprob_token_ids:
+            logprobs = self._logprobs(logits, step, metadata.max_num_logprobs, metadata.logprob_token_ids)
         self.timings.verify += time.perf_counter() - began
         return SamplerOutput(sampled_token_ids=step.emitted, logprobs_tensors=logprobs)
 
@@ -212,13 +213,20 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             draft_handoff.attach(output, self.take_draft_token_ids())
         return output
 
-    def _logprobs(self, logits, step: Step, num_logprobs: int):
+    def _logprobs(self, logits, step: Step, num_logprobs: Optional[int], token_ids: Optional[dict]):
         """vLLM's logprobs tensors for the emitted tokens (row-major over ``step.emitted``, -1 padded), each from
-        the target's raw logits at the node that predicted it (vLLM's default ``raw_logprobs``)."""
+        the target's raw logits at the node that predicted it (vLLM's default ``raw_logprobs``). As vLLM's sampler:
+        where any request names ``logprob_token_ids`` (``{row: ids}``), each emitted token's named ids come back,
+        for every request of the step, in place of the top ``num_logprobs``."""
         rows = logits[step.emitted_logit_rows().flatten()].float()
         values = rows if self.sampler.logprobs_mode == "raw_logits" else self.sampler.compute_logprobs(rows)
+        emitted = step.emitted.flatten().clamp(min=0).long()
+        if token_ids:
+            width = step.emitted.shape[1]
+            per_token = {row * width + j: ids for row, ids in token_ids.items() for j in range(width)}
+            return self.sampler.gather_specific_token_logprobs(values, per_token, emitted)
         k = num_logprobs if num_logprobs >= 0 else values.shape[-1]
-        return self.sampler.gather_logprobs(values, k, step.emitted.flatten().clamp(min=0).long())
+        return self.sampler.gather_logprobs(values, k, emitted)
 
     def _input_fits_in_drafter(self, common_attn_metadata) -> bool:
         if self.eagle3 is None:

@@ -1,12 +1,13 @@
 """What a client may ask of our served tree worker, through the ``openai`` client against the real server: settings the
-worker honours come back right (logprobs of the emitted and of the prompt tokens equal the target's own
-log-probabilities; n, stop, seed, echo, beam search, any top_k, penalties, min_tokens, allowed ids, bad words,
-logit_bias, min_p and grammars are served), settings it cannot honour get HTTP 400, streams the client drops mid-way end
-cleanly, and every later request is still served, unchanged."""
+worker honours come back right (logprobs of the emitted tokens, of the prompt tokens and of ids a request names equal
+the target's own log-probabilities; n, stop, seed, echo, beam search, any top_k, penalties, min_tokens, allowed ids,
+bad words, logit_bias, min_p and grammars are served), settings it cannot honour get HTTP 400, streams the client
+drops mid-way end cleanly, and every later request is still served, unchanged."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 import torch
@@ -49,14 +50,19 @@ def complete(client, prompt, temperature=0.0, **kw):
     return client.completions.create(model=TARGET, prompt=prompt, max_tokens=MAX_TOKENS, temperature=temperature, **kw)
 
 
-def test_logprobs_are_the_targets(client, prompt, tok, target):
-    out = complete(client, prompt, logprobs=3).choices[0]
+@pytest.fixture(scope="module")
+def greedy(prompt, tok, target):
+    """The target's greedy tokens after ``prompt`` and the log-probabilities ``[MAX_TOKENS, V]`` each came from."""
     ids = encode_prompt(tok, prompt)
     with torch.no_grad():
         gen = target.generate(input_ids=torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
                               pad_token_id=2, eos_token_id=None, output_logits=True, return_dict_in_generate=True)
-    want = torch.log_softmax(torch.cat(gen.logits).float(), dim=-1)
-    new = gen.sequences[0, len(ids):]
+    return gen.sequences[0, len(ids):], torch.log_softmax(torch.cat(gen.logits).float(), dim=-1)
+
+
+def test_logprobs_are_the_targets(client, prompt, tok, greedy):
+    out = complete(client, prompt, logprobs=3).choices[0]
+    new, want = greedy
     assert out.text == tok.decode(new, skip_special_tokens=True)
     got = out.logprobs.token_logprobs
     assert len(got) == MAX_TOKENS  # one per emitted token, accepted drafts and bonus tokens alike
@@ -67,14 +73,40 @@ def test_logprobs_are_the_targets(client, prompt, tok, target):
         assert best == pytest.approx(want[position].topk(3).values.tolist(), abs=1e-3)
 
 
-REFUSED = {
-    "logprob_token_ids": dict(logprobs=1, extra_body={"logprob_token_ids": [5, 6]}),
+def test_logprob_token_ids_are_the_targets(client, prompt, tok, greedy):
+    """The named ids' log-probabilities at every emitted token (vLLM's generative scoring reads them), not the top
+    ones: the named ids are among the least likely."""
+    new, want = greedy
+    named = want[0].argsort()[:3].tolist()
+    out = complete(client, prompt, logprobs=1, extra_body={"logprob_token_ids": named}).choices[0]
+    assert out.text == tok.decode(new, skip_special_tokens=True)
+    assert len(out.logprobs.top_logprobs) == MAX_TOKENS
+    for position, top in enumerate(out.logprobs.top_logprobs):
+        assert len(top) <= len(named) + 1
+        for token in named + [int(new[position])]:
+            assert any(abs(v - float(want[position, token])) < 1e-3 for v in top.values()), (position, token)
+
+
+def test_generative_scoring_is_the_targets(client, prompt, tok, target):
+    """vLLM's ``/generative_scoring`` (a first token's probability of a label id, through ``logprob_token_ids``)."""
+    query, items, label = encode_prompt(tok, prompt), [[17, 18], [40]], 5
+    answer = httpx.post(str(client.base_url).removesuffix("/v1/") + "/generative_scoring", timeout=120,
+                        json={"model": TARGET, "query": query, "items": items, "label_token_ids": [label, 6],
+                              "apply_softmax": False})
+    assert answer.status_code == 200, answer.text
+    with torch.no_grad():
+        want = [torch.softmax(target(torch.tensor([query + item])).logits[0, -1].float(), -1)[label] for item in items]
+    assert [d["score"] for d in answer.json()["data"]] == pytest.approx([float(p) for p in want], abs=1e-4)
+
+
+REFUSED = {  # vLLM refuses it first here (no reasoning parser); with one, ours would
+    "thinking_token_budget": dict(extra_body={"thinking_token_budget": 8}),
 }
 
 
 @pytest.mark.parametrize("setting", sorted(REFUSED))
 def test_unsupported_settings_get_400_and_the_server_keeps_serving(client, prompt, setting):
-    with pytest.raises(openai.BadRequestError, match="not (yet )?supported|does not support"):  # ours or vLLM's
+    with pytest.raises(openai.BadRequestError, match="not (yet )?supported|not configured|does not support"):  # ours or vLLM's
         complete(client, prompt, **REFUSED[setting])
     assert complete(client, prompt).usage.completion_tokens == MAX_TOKENS
 
