@@ -70,12 +70,20 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 WORDS = "[a-z]+( [a-z]+)*"
 
 
+EBNF = 'root ::= word (" " word)* "."\nword ::= [a-z]+'
+CHOICES = ["a red apple", "the green pear"]
+
+
 def grammar_rows() -> list[dict]:
     """Two greedy requests with a grammar (a regex; a JSON schema with a penalty), three at T=1 with a regex of
-    words. Our tree drafts their rows as chains (vLLM's grammars mask a chain of drafts)."""
+    words, then greedy ones with an EBNF grammar, a choice and a JSON object. Our tree drafts their rows as chains
+    (vLLM's grammars mask a chain of drafts)."""
     return [dict(temperature=0.0, structured_outputs={"regex": "(yes|no), because [a-z ]+\\."}),
             dict(temperature=0.0, structured_outputs={"json": SCHEMA}, presence_penalty=0.5)] + \
-        [dict(temperature=1.0, structured_outputs={"regex": WORDS})] * 3
+        [dict(temperature=1.0, structured_outputs={"regex": WORDS})] * 3 + \
+        [dict(temperature=0.0, structured_outputs={"grammar": EBNF}),
+         dict(temperature=0.0, structured_outputs={"choice": CHOICES}),
+         dict(temperature=0.0, structured_outputs={"json_object": True})]
 
 
 def min_p_rows(plain_greedy) -> list[dict]:
@@ -91,7 +99,7 @@ def runs(prompts, plain_greedy):
                     min_tokens=10), dict(temperature=0.8, top_p=0.9, allowed_token_ids=list(range(50, 900))),
                dict(temperature=1.0, top_k=20, min_p=0.2, logit_bias=bias(plain_greedy[2]))]
     batch = dict(prompts=prompts + prompts[:2] + prompts[:3] + [prompts[2], prompts[0]] + prompts[3:5]
-                 + [prompts[0], prompts[1], prompts[5]],
+                 + [prompts[0], prompts[1], prompts[5]] + [prompts[1], prompts[2], prompts[5]],
                  sampling=rows + sampled + min_p_rows(plain_greedy) + grammar_rows())
     alone = dict(prompts=prompts[3:4], sampling=grammar_rows()[:1])  # steps where vLLM keeps none of its drafts
     spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch, alone],
@@ -109,8 +117,9 @@ def test_greedy_with_rules_is_identical_to_no_speculation(runs, plain_greedy):
         assert spec["tokens"][row] != plain_greedy[prompt], row
     assert len(spec["tokens"][3]) >= 20  # held its stop id back for 20 tokens
     assert spec["tokens"][13:15] == plain["tokens"][13:15]  # with grammars
-    assert spec["tokens"][13] != plain_greedy[3][:len(spec["tokens"][13])]
-    assert spec["tokens"][14] != plain_greedy[4][:len(spec["tokens"][14])]
+    assert spec["tokens"][18:21] == plain["tokens"][18:21]
+    for row, prompt in zip((13, 14, 18, 19, 20), (3, 4, 1, 2, 5)):  # each grammar changed the output
+        assert spec["tokens"][row] != plain_greedy[prompt][:len(spec["tokens"][row])], row
 
 
 def test_a_grammar_request_alone_is_identical_to_no_speculation(runs):
@@ -133,6 +142,9 @@ def test_grammars_hold_with_our_tree(runs):
     assert json.loads(text(spec["tokens"][14])).keys() == {"name", "age"}
     for tokens in spec["tokens"][15:18]:  # at T=1: a match, or a prefix of one cut at MAX_TOKENS
         assert re.fullmatch(WORDS + " ?", text(tokens)), text(tokens)
+    assert re.fullmatch("[a-z]+( [a-z]+)*( ?|\\.)", text(spec["tokens"][18])), text(spec["tokens"][18])  # EBNF
+    assert text(spec["tokens"][19]) in CHOICES
+    assert text(spec["tokens"][20]).lstrip().startswith("{")  # a JSON object, cut at MAX_TOKENS or whole
 
 
 def test_min_p_one_at_t1_gives_the_greedy_tokens(runs, plain_greedy):
