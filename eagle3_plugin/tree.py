@@ -337,9 +337,10 @@ def _stable_topk(x: torch.Tensor, k: int, offset: Optional[torch.Tensor] = None)
     along the last dim, ties broken by the lower index (torch.topk does not promise it).
 
     On a CPU, a fast path: ``torch.topk`` of ``k + 1`` of ``x``, then the offset added to those values alone (adding
-    a constant keeps the order, and rounding can only make equal values): when they are strictly decreasing there is
-    no tie to break and nothing outside them can reach the top k. Else the full stable sort of ``x + offset``
-    decides. That check reads the device; on a GPU, where a host read stalls the queue, :func:`_keyed_topk`.
+    a constant keeps the order, and rounding can only make equal values): when the k-th is above the (k+1)-th,
+    nothing outside them can reach the top k, and ties among them (rounding makes some at most levels of a batch's
+    trees) are ordered by index there. Else the full stable sort of ``x + offset`` decides. That check reads the
+    device; on a GPU, where a host read stalls the queue, :func:`_keyed_topk`.
     """
     if x.is_cuda and x.dtype == torch.float32:
         return _keyed_topk(x if offset is None else offset + x, k)
@@ -347,8 +348,14 @@ def _stable_topk(x: torch.Tensor, k: int, offset: Optional[torch.Tensor] = None)
         values, ids = torch.topk(x, k + 1, dim=-1)
         if offset is not None:
             values = offset + values
-        if bool((values[..., 1:] < values[..., :-1]).all()):
+        falls = values[..., 1:] < values[..., :-1]
+        if bool(falls.all()):
             return values[..., :k], ids[..., :k]
+        if bool(falls[..., k - 1].all()):  # ties inside the top k only: by value, then by the lower index
+            by_index = ids.argsort(dim=-1)
+            values, ids = values.gather(-1, by_index), ids.gather(-1, by_index)
+            order = values.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+            return values.gather(-1, order), ids.gather(-1, order)
     values, ids = torch.sort(x if offset is None else offset + x, dim=-1, descending=True, stable=True)
     return values[..., :k], ids[..., :k]
 
