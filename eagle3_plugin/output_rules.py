@@ -6,7 +6,8 @@ emitted tokens (the root, its last one, among them) followed by the path's draft
 node's logits are exactly those the engine would sample from had it emitted that path. Verification over them stays
 lossless: greedy rows take their argmax, sampled rows the rejection rule with ``p`` from them.
 
-The masks come first: ids outside ``allowed_token_ids``, then bad words, then ``min_tokens`` (stop ids held back).
+The masks come first: ids outside ``allowed_token_ids``, then a grammar's (for drafting only: engines mask the
+target's logits by their own grammar matchers), then bad words, then ``min_tokens`` (stop ids held back).
 The ``logit_bias`` and the penalties follow in one of two engines' arithmetic (:attr:`OutputRules.arithmetic`):
 
 - ``"vllm"`` (``Sampler.apply_logits_processors``: its ``LogitBiasLogitsProcessor``, then ``apply_penalties``): the
@@ -21,7 +22,7 @@ The ``logit_bias`` and the penalties follow in one of two engines' arithmetic (:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, Protocol
 
 import numpy as np
 import torch
@@ -40,6 +41,17 @@ class HeldBack:
     restore: bool = False
 
 
+class PathGrammars(Protocol):
+    """Some rows' grammars (``rows``), each as it stands after its row's emitted tokens (an engine's matchers)."""
+
+    rows: list[int]
+
+    def allowed_after(self, rows: list[int], paths: list[list[int]]) -> torch.Tensor:
+        """``[len(rows), vocab_size]`` bool: the ids row ``rows[i]``'s grammar allows after ``paths[i]`` (draft
+        tokens below the root); all of them where it constrains nothing (it has ended) or the path already leaves
+        it. Leaves the grammars as it found them."""
+
+
 @dataclass
 class OutputRules:
     """Per batch row ``b`` over a vocabulary of ``vocab_size`` ids. Rows without penalties have ``presence 0,
@@ -48,7 +60,9 @@ class OutputRules:
     ``emitted``: each row's emitted tokens, read by the penalties and bad words (rows with neither may be empty).
     ``prompt [B, P]``: prompt ids padded with ``vocab_size``, for vLLM's repetition penalty (None: no row has
     penalties; SGLang's arithmetic ignores it). ``banned [B, V]``: True for ids the row may not emit (None: no row
-    restricts them). ``arithmetic``: whose penalties, ``"vllm"`` or ``"sglang"`` (see the module's docstring)."""
+    restricts them). ``arithmetic``: whose penalties, ``"vllm"`` or ``"sglang"`` (see the module's docstring).
+    ``grammars``: rows' grammars an engine hands for drafting (:meth:`apply_at` reads them at ``grammar_nodes`` only;
+    the engine masks the target's logits itself)."""
 
     vocab_size: int
     emitted: list[list[int]]
@@ -60,6 +74,7 @@ class OutputRules:
     banned: Optional[torch.Tensor] = None
     bad_words: dict[int, list[list[int]]] = field(default_factory=dict)
     bias: Optional[torch.Tensor] = None  # [B, V] float, the rows' logit_bias; None: no row has one
+    grammars: Optional[PathGrammars] = None
     arithmetic: str = "vllm"
 
     def __post_init__(self):
@@ -78,13 +93,16 @@ class OutputRules:
         return self.apply_at(tokens, tree.depths, logits)
 
     def apply_at(self, paths: torch.Tensor, depths: torch.Tensor, logits: torch.Tensor,
-                 columns: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 columns: Optional[torch.Tensor] = None, grammar_nodes: Optional[list[int]] = None) -> torch.Tensor:
         """``logits [B, K, C]`` float after ``K`` nodes per row whose paths below the root are ``paths [B, K, D]``
         (ids, -1 padded) at ``depths [B, K]``, adjusted in place (returned). ``columns [C]``: the id of each logit
-        column (a draft's vocabulary within the target's; default all ``vocab_size``)."""
+        column (a draft's vocabulary within the target's; default all ``vocab_size``). ``grammar_nodes``: per row,
+        the one node whose grammar is read (-1: none; None: no grammar is read)."""
         if self.banned is not None:
             banned = self.banned if columns is None else self.banned[:, columns]
             logits.masked_fill_(banned[:, None, :], float("-inf"))
+        if self.grammars is not None and grammar_nodes is not None:
+            self._mask_by_grammars(paths, logits, columns, grammar_nodes)
         column_of = _column_index(columns, self.vocab_size) if (self.bad_words or self.held_back) else None
         for row, words in self.bad_words.items():
             for node in range(paths.shape[1]):
@@ -101,16 +119,27 @@ class OutputRules:
             self._add_bias(logits, columns)
         return logits
 
+    def _mask_by_grammars(self, paths: torch.Tensor, logits: torch.Tensor, columns: Optional[torch.Tensor],
+                          grammar_nodes: list[int]) -> None:
+        rows = [row for row in self.grammars.rows if grammar_nodes[row] >= 0]
+        if not rows:
+            return
+        at = (torch.tensor(rows, device=logits.device), torch.tensor([grammar_nodes[row] for row in rows],
+                                                                     device=logits.device))
+        allowed = self.grammars.allowed_after(rows, [[t for t in path if t >= 0] for path in paths[at].tolist()])
+        logits[at] = logits[at].masked_fill(~(allowed if columns is None else allowed[:, columns]), float("-inf"))
+
     def _add_bias(self, logits: torch.Tensor, columns: Optional[torch.Tensor]) -> None:
         logits += (self.bias if columns is None else self.bias[:, columns])[:, None, :]
 
     def for_draft(self) -> Optional["OutputRules"]:
-        """The rules a draft obeys: those that remove ids (allowed ids, bad words, ``min_tokens``) and the bias, not
-        the penalties; None if there are none. The penalties are in the target's logit units and read counts the
+        """The rules a draft obeys: those that remove ids (allowed ids, grammars, bad words, ``min_tokens``) and the
+        bias, not the penalties; None if there are none. The penalties are in the target's logit units and read counts the
         draft's logits do not reflect (on the draft they moved acceptance both ways); a bias is a plain shift, and
         on the draft it raised acceptance (bundled checkpoint, SGLang, 12 prompts, greedy, fixed tree: -100 on 20
         ids 2.29 -> 2.56 tokens a round, +2 on 20 ids 3.20 -> 3.38)."""
-        if self.banned is None and not self.bad_words and not self.held_back and self.bias is None:
+        if self.banned is None and self.grammars is None and not self.bad_words and not self.held_back \
+                and self.bias is None:
             return None
         return replace(self, prompt=None, presence=None, frequency=None, repetition=None)
 

@@ -318,3 +318,52 @@ def test_masks_that_leave_fewer_ids_than_top_k_still_grow_a_tree(speculator, tar
         q_allowed = tree.draft_probs[..., [5, 9]].sum(-1)
         expanded = tree.draft_probs.sum(-1) > 0
         assert torch.allclose(q_allowed[expanded], torch.ones_like(q_allowed[expanded]))
+
+
+class _AlternatingGrammar:
+    """A toy ``PathGrammars``: after a path of even length a row may emit only ``even`` ids, after an odd one only
+    ``odd`` ids; it records every path it was asked about."""
+
+    def __init__(self, rows, even, odd, vocab_size):
+        self.rows, self.even, self.odd, self.vocab_size, self.asked = rows, even, odd, vocab_size, []
+
+    def allowed_after(self, rows, paths):
+        self.asked.append(list(zip(rows, map(tuple, paths))))
+        allowed = torch.zeros(len(rows), self.vocab_size, dtype=torch.bool)
+        for i, path in enumerate(paths):
+            allowed[i, self.odd if len(path) % 2 else self.even] = True
+        return allowed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, temperature):
+    """A grammar row's drafts are verified along its tree's leading path (``DraftTree.leading_paths``), so the
+    grammar is read there only, once per level: that path obeys it, the row's other nodes and the other rows do
+    not have to."""
+    from eagle3_plugin.output_rules import OutputRules
+
+    c = speculator.draft.config
+    v, hot = target.config.vocab_size, speculator.draft.hot_token_ids
+    b, n, depth = 3, 6, 4
+    g = torch.Generator().manual_seed(6)
+    tokens = torch.randint(3, v, (b, n), generator=g)
+    features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
+    even, odd = hot[[4, 7, 11]].tolist(), hot[[2, 13]].tolist()
+    grammar = _AlternatingGrammar([0, 2], even, odd, v)
+    kv = DraftKV.allocate(b * 32, c.num_key_value_heads, c.head_dim, torch.float32)
+    rows = DraftRows(torch.arange(b * 32).view(b, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
+                     features)
+    random = RowRandom(None, {r: torch.Generator().manual_seed(r) for r in range(b)})
+    tree = speculator.step(kv, rows, SamplingParams.uniform(b, temperature=temperature), random,
+                           shape=TreeShape(depth, 3, 16), rules=OutputRules(v, [[] for _ in range(b)], grammars=grammar))
+    chains, counts = tree.leading_paths(torch.tensor([True, False, True]))
+    for row in (0, 2):
+        path = chains.tokens[row, 1:counts[row]].tolist()
+        assert len(path) >= 2
+        assert all(t in (odd if i % 2 else even) for i, t in enumerate(path)), path
+    assert [len(asked) for asked in grammar.asked] == [2] * len(grammar.asked)  # one node a row a level
+    assert len(grammar.asked) <= depth
+    leading = [asked[0][1] for asked in grammar.asked]  # row 0's paths, level by level: its leading path's prefixes
+    assert leading == [tuple(chains.tokens[0, 1:1 + i].tolist()) for i in range(len(leading))]
+    other = tree.tokens[1, 1:].tolist()  # a row without a grammar proposes ids the grammar would not allow
+    assert set(other) - set(even) - set(odd)
