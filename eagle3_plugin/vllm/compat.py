@@ -80,8 +80,17 @@ REQUIRED_INTERNALS = (
     ("vllm.v1.sample.logits_processor.builtin", "MinPLogitsProcessor.update_state", ("batch_update",)),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch._make_sampling_metadata", ()),
     # grammars: which rows have one (drafted as chains), vLLM's scheduler cutting their drafts as a chain
-    ("vllm.v1.worker.gpu_input_batch", "CachedRequestState", ("sampling_params",)),
+    ("vllm.v1.worker.gpu_input_batch", "CachedRequestState", ("sampling_params", "output_token_ids")),
     ("vllm.v1.structured_output", "StructuredOutputManager.validate_tokens", ("request", "spec_tokens")),
+    # the worker's own grammar matchers, for drafting (grammars.py)
+    ("vllm.v1.structured_output.backend_xgrammar", "XgrammarBackend", ("vllm_config", "tokenizer", "vocab_size")),
+    ("vllm.v1.structured_output.backend_xgrammar", "XgrammarBackend.compile_grammar",
+     ("request_type", "grammar_spec", "stop_token_ids")),
+    ("vllm.v1.structured_output.backend_xgrammar", "XgrammarGrammar", ("matcher",)),
+    ("vllm.v1.structured_output.request", "get_structured_output_key", ("params",)),
+    ("vllm.tokenizers", "cached_tokenizer_from_config", ("model_config",)),
+    ("vllm.config.structured_outputs", "StructuredOutputsConfig", ("reasoning_parser", "enable_in_reasoning")),
+    ("vllm.sampling_params", "SamplingParams.all_stop_token_ids", None),
     ("vllm.utils.torch_utils", "PIN_MEMORY", None),
     # admission: settings the worker does not apply are refused in the front end
     ("vllm.v1.engine.input_processor", "InputProcessor._validate_params", ("params",)),

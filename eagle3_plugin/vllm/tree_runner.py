@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Optional
 
 import torch
@@ -34,12 +34,14 @@ from torch import nn
 from ..budget import NONE, PendingRecord
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
+from ..output_rules import OutputRules
 from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..speculator import Speculator, TreeShape
 from ..timings import PluginTimings
 from ..wave import QuietBatch
 from . import draft_handoff, paged_kv, tree_attention
+from .grammars import WorkerGrammars
 from .output_rules import builtin_logits_processors, output_rules
 from .seeded_prefill import SeededPrefillFix
 from .speculative import ADDITIONAL_CONFIG_KEY
@@ -82,6 +84,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         batch = self.input_batch  # empty yet; vLLM carries its processors into any batch it rebuilds
         batch.logitsprocs = builtin_logits_processors(vllm_config, self.device, PIN_MEMORY)
         batch.sampling_metadata = batch._make_sampling_metadata()
+        self._grammars = WorkerGrammars(vllm_config)  # what grammar requests' drafts obey
 
     # -- model and memory --------------------------------------------------------------------------
 
@@ -258,10 +261,15 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         else:
             params = sampling_params(sampling_metadata, step.num_reqs, batch.vocab_size)
             rules = step.rules  # vLLM lists this step's tokens among the output after drafting
+            grammar_rows = [] if step.structured is None else torch.nonzero(step.structured)[:, 0].tolist()
+            emitted = step.verdict.output_tokens(step.tree) if rules is not None or grammar_rows else None
             if rules is not None:
-                rules = rules.followed_by(step.verdict.output_tokens(step.tree))
-            tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
-                                        RowRandom(self._generator, sampling_metadata.generators), shape, rules)
+                rules = rules.followed_by(emitted)
+            with self._grammars.drafting(self.requests, step.req_ids, grammar_rows, emitted) as grammars:
+                if grammars is not None:
+                    rules = replace(rules or OutputRules(batch.vocab_size, emitted), grammars=grammars)
+                tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
+                                            RowRandom(self._generator, sampling_metadata.generators), shape, rules)
         self._step = None
         counts = None  # each row's nodes, where grammar rows are cut to their leading path
         if tree is not None and step.structured is not None and shape.top_k > 1:
@@ -282,6 +290,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             trees = verdict = requests = None
             if self._drafted.total_tokens > 1:
                 whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
+                if step.structured is not None:  # but a grammar's cut is what its row accepts (see propose's leading
+                    whole |= step.structured & (step.count == step.node_count)  # paths and vLLM's grammar check)
                 if bool(whole.any()):
                     trees, verdict = step.tree.select(whole), step.verdict.select(whole)
                     requests = [step.req_ids[row] for row in torch.nonzero(whole)[:, 0].tolist()]
