@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--shape", choices=("tree", "chain"), default="tree", help="the draft's tree, or the chain of its depth")
+    p.add_argument("--shape", choices=("tree", "chain"), default="tree",
+                   help="the draft's tree, or the chain of its depth")
     p.add_argument("--budget", choices=("fixed", "auto"), default="fixed")
     a = p.parse_args(argv)
 

@@ -134,10 +134,10 @@ class OutputRules:
 
     def for_draft(self) -> Optional["OutputRules"]:
         """The rules a draft obeys: those that remove ids (allowed ids, grammars, bad words, ``min_tokens``) and the
-        bias, not the penalties; None if there are none. The penalties are in the target's logit units and read counts the
-        draft's logits do not reflect (on the draft they moved acceptance both ways); a bias is a plain shift, and
-        on the draft it raised acceptance (bundled checkpoint, SGLang, 12 prompts, greedy, fixed tree: -100 on 20
-        ids 2.29 -> 2.56 tokens a round, +2 on 20 ids 3.20 -> 3.38)."""
+        bias, not the penalties; None if there are none. The penalties are in the target's logit units and read counts
+        the draft's logits do not reflect (on the draft they moved acceptance both ways); a bias is a plain shift, and
+        on the draft it raised acceptance (bundled checkpoint, SGLang, 12 prompts, greedy, fixed tree: -100 on 20 ids
+        2.29 -> 2.56 tokens a round, +2 on 20 ids 3.20 -> 3.38)."""
         if self.banned is None and self.grammars is None and not self.bad_words and not self.held_back \
                 and self.bias is None:
             return None

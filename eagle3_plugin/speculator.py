@@ -374,24 +374,25 @@ class _LevelExpander:
 
 
 class _RuledExpander:
-    """An ``expand`` callback whose draft logits obey the rows' output rules meant for a draft (allowed ids, a
-    grammar, bad words, ``min_tokens``, a bias: :meth:`~eagle3_plugin.output_rules.OutputRules.for_draft`), each
-    frontier node's for its own path (a grammar's on a row's leading path only), so the draft proposes only what the target may emit (acceptance; verification applies every
-    rule to the target either way). Penalties are left out (see ``for_draft``; on the bundled checkpoint, 12
-    prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round, frequency 0.5 3.49 -> 3.40). The draft's
-    distribution is the one it draws from, so sampled trees stay lossless.
+    """An ``expand`` callback whose draft logits obey the rows' output rules meant for a draft (allowed ids, a grammar,
+    bad words, ``min_tokens``, a bias: :meth:`~eagle3_plugin.output_rules.OutputRules.for_draft`), each frontier node's
+    for its own path (a grammar's on a row's leading path only), so the draft proposes only what the target may emit
+    (acceptance; verification applies every rule to the target either way). Penalties are left out (see ``for_draft``;
+    on the bundled checkpoint, 12 prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round, frequency 0.5 3.49 ->
+    3.40). The draft's distribution is the one it draws from, so sampled trees stay lossless.
 
-    A masked id gets :data:`MASKED_DRAFT_LOGIT` (ramped), not -inf: a node with fewer allowed ids than ``top_k`` still grows
-    ``top_k`` children, and the tree's scores must stay finite and fall strictly below their parent's (an -inf
-    parent's Gumbel would be NaN). Such children have draft probability 0, as the masked ids have target probability
-    0: verification rejects them. A node the masks leave no draft id keeps its raw logits (the target's vocabulary
-    holds ids the draft's lacks): its proposals are then rejected too."""
+    A masked id gets :data:`MASKED_DRAFT_LOGIT` (ramped), not -inf: a node with fewer allowed ids than ``top_k`` still
+    grows ``top_k`` children, and the tree's scores must stay finite and fall strictly below their parent's (an -inf
+    parent's Gumbel would be NaN). Such children have draft probability 0, as the masked ids have target probability 0:
+    verification rejects them. A node the masks leave no draft id keeps its raw logits (the target's vocabulary holds
+    ids the draft's lacks): its proposals are then rejected too."""
 
     def __init__(self, expand, rules: OutputRules, hot_ids: torch.Tensor, batch: int):
         self.expand, self.rules, self.hot_ids = expand, rules, hot_ids
         self.paths = torch.empty(batch, 1, 0, dtype=torch.long, device=hot_ids.device)  # frontier paths below the root
         self.leading = torch.zeros(batch, dtype=torch.long, device=hot_ids.device)  # see :meth:`_leading`
-        self.masked_logits = MASKED_DRAFT_LOGIT * (1 + torch.arange(hot_ids.numel(), device=hot_ids.device) * MASKED_RAMP)
+        ids = torch.arange(hot_ids.numel(), device=hot_ids.device)
+        self.masked_logits = MASKED_DRAFT_LOGIT * (1 + ids * MASKED_RAMP)
 
     def root(self, logits: torch.Tensor) -> torch.Tensor:
         """The root's draft logits ``[B, Vd]`` under the rules."""

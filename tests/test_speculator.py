@@ -355,7 +355,8 @@ def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, tempera
                      features)
     random = RowRandom(None, {r: torch.Generator().manual_seed(r) for r in range(b)})
     tree = speculator.step(kv, rows, SamplingParams.uniform(b, temperature=temperature), random,
-                           shape=TreeShape(depth, 3, 16), rules=OutputRules(v, [[] for _ in range(b)], grammars=grammar))
+                           shape=TreeShape(depth, 3, 16),
+                           rules=OutputRules(v, [[] for _ in range(b)], grammars=grammar))
     chains, counts = tree.leading_paths(torch.tensor([True, False, True]))
     for row in (0, 2):
         path = chains.tokens[row, 1:counts[row]].tolist()

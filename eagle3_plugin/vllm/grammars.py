@@ -62,7 +62,8 @@ class WorkerGrammars:
         self._compiler: Optional[ThreadPoolExecutor] = None
         self._tracked: dict[str, _Tracked] = {}
 
-    def drafting(self, requests: dict, req_ids: list[str], rows: list[int], emitted: list[list[int]]) -> "DraftGrammars":
+    def drafting(self, requests: dict, req_ids: list[str], rows: list[int],
+                 emitted: list[list[int]]) -> "DraftGrammars":
         """The grammars of ``rows`` (requests with ``structured_outputs``) for one step's drafting, ``emitted``
         being each row's tokens of this step; requests no longer in ``requests`` (vLLM's) are forgotten."""
         for req_id in [r for r in self._tracked if r not in requests]:
