@@ -79,7 +79,7 @@ class WorkerGrammars:
         """The request's matcher after its output so far, or None (compiling, not compilable, or out of step)."""
         tracked = self._tracked.get(req_id)
         if tracked is None:
-            self._tracked[req_id] = _Tracked(self._compile(request.sampling_params))
+            self._tracked[req_id] = _Tracked(self._compile(request.sampling_params))  # ready at a later step
             return None
         if not tracked.usable or not tracked.compiled.done():
             return None
@@ -97,17 +97,25 @@ class WorkerGrammars:
         return tracked.matcher
 
     def _compile(self, params) -> Future:
-        if self._compiler is None:
-            from vllm.tokenizers import cached_tokenizer_from_config
-            from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+        """The request's grammar compiled in a thread; any failure is the future's, and leaves the request's drafts
+        unmasked (a grammar xgrammar cannot compile), or every request's (no backend: no tokenizer, say)."""
+        try:
+            if self._compiler is None:
+                from vllm.tokenizers import cached_tokenizer_from_config
+                from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
 
-            tokenizer = cached_tokenizer_from_config(model_config=self.vllm_config.model_config)
-            self._backend = XgrammarBackend(self.vllm_config, tokenizer=tokenizer, vocab_size=self.vocab_size)
-            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="eagle3-grammar")
-        from vllm.v1.structured_output.request import get_structured_output_key
+                tokenizer = cached_tokenizer_from_config(model_config=self.vllm_config.model_config)
+                self._backend = XgrammarBackend(self.vllm_config, tokenizer=tokenizer, vocab_size=self.vocab_size)
+                self._compiler = ThreadPoolExecutor(1, thread_name_prefix="eagle3-grammar")
+            from vllm.v1.structured_output.request import get_structured_output_key
 
-        request_type, spec = get_structured_output_key(params.structured_outputs)
-        return self._compiler.submit(self._backend.compile_grammar, request_type, spec, params.all_stop_token_ids)
+            request_type, spec = get_structured_output_key(params.structured_outputs)
+            return self._compiler.submit(self._backend.compile_grammar, request_type, spec, params.all_stop_token_ids)
+        except Exception as error:  # noqa: BLE001 (what vLLM's own compilation may raise is open-ended)
+            self.enabled = self._compiler is not None  # no backend: no masks for any request
+            failed = Future()
+            failed.set_exception(error)
+            return failed
 
 
 class DraftGrammars:
