@@ -123,6 +123,9 @@ HONOURED = {  # their effect on the tokens is tested against vLLM without specul
     "min_p 1 with a bias": dict(logit_bias={"17": 100}, extra_body={"min_p": 1.0}),
     "a regex": dict(extra_body={"structured_outputs": {"regex": "[a-z]+( [a-z]+)*"}}),
     "a JSON schema": dict(extra_body={"structured_outputs": {"json": {"type": "object"}}}),
+    # vLLM compiles it with guidance; the worker's xgrammar copy, for the draft, ignores multipleOf
+    "a JSON schema vLLM gives to guidance": dict(extra_body={"structured_outputs": {"json": {
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}}}),
 }
 
 
