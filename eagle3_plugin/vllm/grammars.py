@@ -26,10 +26,11 @@ import torch
 
 
 def _advance(matcher, tokens: list[int]) -> int:
-    """Accept ``tokens`` up to the first the grammar refuses; how many it accepted."""
+    """Accept ``tokens`` up to the first the grammar refuses or its end (where xgrammar would warn of each token);
+    how many it accepted."""
     accepted = 0
     for token in tokens:
-        if not matcher.accept_token(token):
+        if matcher.is_terminated() or not matcher.accept_token(token):
             break
         accepted += 1
     return accepted
