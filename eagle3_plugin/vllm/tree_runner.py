@@ -13,7 +13,8 @@ One engine step, for the whole batch at once (the scheduler, the KV manager and 
                       the slots of positions root + 1, ...
     propose           core Speculator: one draft catch-up forward on every request's new entries, then one
                       forward per tree level; the draft's KV lives in vLLM's paged cache (the layer vLLM
-                      allocated for its own EAGLE drafter), so prefix caching and preemption cover it
+                      allocated for its own EAGLE drafter), so prefix caching and preemption cover it; grammar
+                      requests' trees are cut to their leading paths, which obey the grammar (:mod:`.grammars`)
     sample_tokens     returns the step's output with the draft tokens attached (:mod:`.draft_handoff`)
 
 vLLM counts accepted tokens as it does for chains (num_computed_tokens, spec-decode metrics: a tree of N nodes
