@@ -5,9 +5,9 @@ along the drafted chain, but nothing masks the draft, which proposes free text w
 The worker runs in a process of its own, so :class:`WorkerGrammars` keeps a matcher per grammar request there:
 compiled as vLLM compiles it (its xgrammar backend, from the request's ``structured_outputs``, in a thread: until it
 is ready the request's drafts stay unmasked) and advanced by the request's output tokens. While a step drafts,
-:class:`DraftGrammars` advances each one by the tokens the step emitted (vLLM lists them only after drafting), each
-draft node asks it what the grammar allows after the node's path (the core's
-:class:`~eagle3_plugin.output_rules.PathGrammar`), and the step's tokens are rolled back when drafting ends.
+:class:`DraftGrammars` advances each one by the tokens the step emitted (vLLM lists them only after drafting), the
+row's leading-path node at each level asks it what the grammar allows after the node's path (the core's
+:class:`~eagle3_plugin.output_rules.PathGrammars`), and the step's tokens are rolled back when drafting ends.
 
 The masks change only what the draft proposes; verification is vLLM's grammar and the target's law either way, so a
 mask that differed from vLLM's (another backend's grammar, a tokenizer quirk) would cost acceptance, never

@@ -40,6 +40,7 @@ class Step:
     waiting: bool = False  # requests wait in the scheduler: the batch is refilled as its requests end
     rules: Optional[OutputRules] = None  # the rows' penalties and the like, as of this step (None: no row has any)
     structured: Optional[torch.Tensor] = None  # [B] bool: rows with a grammar (None: no row has one)
+    grammar_chains: Optional[torch.Tensor] = None  # [B] bool: decoding rows with a grammar (their trees are chains)
     cut_child: Optional[torch.Tensor] = None  # [B] bool: rows whose tree has an unscored node after its scheduled ones
     verdict: Optional[Verdict] = None
     emitted: Optional[torch.Tensor] = None  # [B, W] int32: accepted draft tokens then the bonus, -1 padded
@@ -93,10 +94,10 @@ class Step:
             return cls(req_ids, base, flat_start, count, torch.ones_like(roots), prefilling, DraftTree.root_only(roots),
                        None, joined, ended, waiting)
         node_count = torch.tensor([len(spec.get(r, ())) + 1 for r in req_ids])
-        decoding_chains = None if structured is None else structured & (count == node_count)
-        tree, cut_child = _trees(pending, req_ids, node_count, decoding_chains)
+        grammar_chains = None if structured is None else structured & (count == node_count)
+        tree, cut_child = _trees(pending, req_ids, node_count, grammar_chains)
         step = cls(req_ids, base, flat_start, count, node_count, prefilling, tree, None, joined, ended, waiting,
-                   structured=structured, cut_child=cut_child)
+                   structured=structured, grammar_chains=grammar_chains, cut_child=cut_child)
         has_tree = node_count > 1
         if bool(has_tree.any()):
             step._check_scheduled_tokens(runner.input_ids.cpu)

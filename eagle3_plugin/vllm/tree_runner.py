@@ -291,8 +291,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             trees = verdict = requests = None
             if self._drafted.total_tokens > 1:
                 whole = step.node_count == self._drafted.total_tokens  # trees the scheduler cut tell less of acceptance
-                if step.structured is not None:  # but a grammar's cut is what its row accepts (see propose's leading
-                    whole |= step.structured & (step.count == step.node_count)  # paths and vLLM's grammar check)
+                if step.grammar_chains is not None:  # but a grammar's cut is what its row accepts (see propose's
+                    whole |= step.grammar_chains  # leading paths and vLLM's grammar check)
                 if bool(whole.any()):
                     trees, verdict = step.tree.select(whole), step.verdict.select(whole)
                     requests = [step.req_ids[row] for row in torch.nonzero(whole)[:, 0].tolist()]
