@@ -132,46 +132,54 @@ class TreeBudget:
                                                      dtype, device)
         return budget
 
-    def shape(self, batch: int, seeded: bool = False, wave: Optional[Wave] = None) -> TreeShape:
+    def shape(self, batch: int, seeded: bool = False, wave: Optional[Wave] = None,
+              chains_only: bool = False) -> TreeShape:
         """The shape to draft for ``batch`` requests this step; ``wave``: the batch is closed, and shapes are judged
         by when its last request ends (:meth:`wave_tokens_per_second`). A batch with a seeded request gets the
-        configured tree: a seeded request repeats its output only when its rounds always draft the same shape."""
+        configured tree: a seeded request repeats its output only when its rounds always draft the same shape.
+        ``chains_only``: every request verifies a chain only (vLLM's grammars: a tree would be cut to its leading
+        path, which the tree's chain drafts alone, at a chain's cost), so only chains and no speculation are chosen
+        from (a fixed budget drafts the tree's chain)."""
         self.steps += 1
         self._memo = {}
         try:
-            shape = self._choose(batch, seeded, wave)
+            shape = self._choose(batch, seeded, wave, chains_only)
         finally:
             self._memo = None
         if self.log is not None:
             self.log.write(self, batch, shape, wave)
         return shape
 
-    def _choose(self, batch: int, seeded: bool, wave: Optional[Wave]) -> TreeShape:
-        if not self.auto or seeded:
+    def _choose(self, batch: int, seeded: bool, wave: Optional[Wave], chains_only: bool) -> TreeShape:
+        if seeded:
             return self.shapes[0]
-        for s in self.shapes:  # too few measurements, not run for a while, or not at this load: probe it
+        shapes = [s for s in self.shapes if s.top_k == 1] if chains_only else self.shapes
+        if not self.auto:
+            return shapes[0]
+        for s in shapes:  # too few measurements, not run for a while, or not at this load: probe it
             cost = self.verify_cost[s]
             # (a shape still gathering its first observations is being run already)
             unmeasured_here = cost.observations >= MIN_OBSERVATIONS and not cost.covers(batch)
             # a closed batch starts no probe of a shape that drafts: it would spread the ends of the whole wave
             starts = wave is None or s == NONE
             due = starts and self.steps - self.last_run[s] > self.probe_every[s] and (
-                s == NONE or not self.would_lose(s, batch, below=True))
+                s == NONE or not self.would_lose(s, batch, below=True, shapes=shapes))
             if due or (starts and unmeasured_here and self.steps - self.last_probe[s] > STALE_STEPS
-                       and not self.would_lose(s, batch)):
+                       and not self.would_lose(s, batch, shapes=shapes)):
                 self.probe_left[s], self.last_run[s], self.last_probe[s] = PROBE_STEPS, self.steps, self.steps
                 self.probe_batch[s] = batch
                 if s != NONE:  # a probe of no speculation costs a few steps' drafts, and keeps its cost current
                     self.probe_every[s] = min(2 * self.probe_every[s], PROBE_EVERY_MAX)
             if self.probe_left[s] > 0 or not self._measured(s, min_rounds=MIN_ROUNDS if starts else 1):
-                if s != NONE and batch > 2 * self.probe_batch[s] and self.would_lose(s, batch, below=True):
+                if s != NONE and batch > 2 * self.probe_batch[s] and self.would_lose(s, batch, below=True,
+                                                                                     shapes=shapes):
                     self.probe_left[s] = 0  # a probe carried into a load where the shape cannot win: ended
                     continue
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 if s == NONE and self.probe_left[s] == 0 and self._probe_unread(s, batch):
                     self.probe_left[s] = 1
                 return s
-        best = self.best(batch, wave)
+        best = self.best(batch, wave, shapes)
         if best != self.current:
             self._hold_reference(best)
         self.current = best
@@ -186,7 +194,7 @@ class TreeBudget:
         probe goes on so (its steps draft nothing)."""
         return not self.verify_cost[s].covers(batch) and self.steps - self.last_probe[s] < PROBE_STEPS_MAX
 
-    def would_lose(self, s: TreeShape, batch: int, below: bool = False) -> bool:
+    def would_lose(self, s: TreeShape, batch: int, below: bool = False, shapes: Optional[list] = None) -> bool:
         """Whether a probe of ``s`` at ``batch`` could not change the choice, so is not worth paying for (a tree step
         at 16 to 32 requests costs 3 to 6 plain ones): ``s`` loses even at its lowest plausible cost there while each
         rival costs its estimate. False when it cannot tell.
@@ -196,7 +204,8 @@ class TreeBudget:
           shape that loses by less than its cost grows from half the batch) and what a shape verifying fewer tokens
           costs at this batch, observed lately (more tokens never cost less).
         - A rival: another shape with a measured cost and an acceptance mean, however young (a mean started afresh
-          is too young to choose its shape on, but the best estimate of what it would do), at its estimate, or,
+          is too young to choose its shape on, but the best estimate of what it would do) among ``shapes`` (default
+          all), at its estimate, or,
           where its cost was not measured at this batch, at its :meth:`Line.ceiling` (its cost at a larger one); a
           rival verifying fewer tokens than ``s`` counts at its estimate even there (a probe of ``s`` costs more a
           step than the rival's steps).
@@ -210,7 +219,7 @@ class TreeBudget:
         if smaller:  # a tree's own floor from batch 1 says little at 16: it verifies 16 times the tokens there
             floor = max([floor or 0.0] + smaller)
         rivals = []
-        for o in (o for o in self.shapes if o != s and self._measured(o, min_rounds=1)):
+        for o in (o for o in (self.shapes if shapes is None else shapes) if o != s and self._measured(o, min_rounds=1)):
             if self.verify_cost[o].covers(batch):
                 rivals.append(self.tokens_per_second(o, batch))
             elif (ceiling := self.verify_cost[o].ceiling(batch)) is not None:
@@ -227,19 +236,21 @@ class TreeBudget:
         enough_rounds = s == NONE or self.accepted[s].rounds >= min_rounds
         return self.verify_cost[s].observations >= MIN_OBSERVATIONS and enough_rounds
 
-    def best(self, batch: int, wave: Optional[Wave] = None) -> TreeShape:
-        """The shape expected to be fastest for ``batch`` requests (for a closed ``wave``, to end it soonest); a shape
-        bigger than the one chosen last must be :data:`MARGIN` faster than the best smaller one, the one chosen last
-        (and smaller ones) only faster: near the margin the budget keeps its shape rather than switch back and forth."""
+    def best(self, batch: int, wave: Optional[Wave] = None, shapes: Optional[list] = None) -> TreeShape:
+        """The shape of ``shapes`` (default all, largest first) expected to be fastest for ``batch`` requests (for a
+        closed ``wave``, to end it soonest); a shape bigger than the one chosen last must be :data:`MARGIN` faster than
+        the best smaller one, the one chosen last (and smaller ones) only faster: near the margin the budget keeps its
+        shape rather than switch back and forth."""
         def merit(s: TreeShape) -> float:
             return self.tokens_per_second(s, batch) * (1.0 if wave is None else self._wave_factor(s, batch, wave))
 
+        shapes = self.shapes if shapes is None else shapes
         best = NONE
-        kept = self.shapes.index(self.current)  # it and the shapes after it (smaller) need no margin
-        for i in reversed(range(len(self.shapes) - 1)):  # chain, then tree: growing
+        kept = shapes.index(self.current) if self.current in shapes else 0  # it and smaller ones need no margin
+        for i in reversed(range(len(shapes) - 1)):  # chain, then tree: growing
             margin = 1.0 if i >= kept else MARGIN
-            if merit(self.shapes[i]) > margin * merit(best):
-                best = self.shapes[i]
+            if merit(shapes[i]) > margin * merit(best):
+                best = shapes[i]
         return best
 
     def estimates(self, s: TreeShape, batch: int, wave: Optional[Wave] = None) -> dict:

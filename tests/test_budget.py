@@ -375,6 +375,24 @@ def test_speculation_must_be_expected_to_pay_by_the_margin():
         assert budget.shape(1) == {"chain": chain, "none": NONE}[chosen]
 
 
+def test_steps_that_verify_chains_only_choose_among_chains():
+    """Where every request verifies a chain only (vLLM's grammars), a tree would be its leading path at a tree's
+    cost: the tree is left out, even where it is the best shape; the chain is chosen against no speculation on its
+    own merit, and a fixed budget drafts the tree's chain. A seeded request keeps the configured tree."""
+    fixed = TreeBudget(Eagle3Config(draft="unused", depth=3, top_k=2, total_tokens=5, budget="fixed"))
+    tree, chain = fixed.shapes[:2]
+    assert fixed.shape(1, chains_only=True) == chain and fixed.shape(1) == tree
+    assert fixed.shape(1, seeded=True, chains_only=True) == tree
+    for chain_ms, expected in ((15, chain), (40, NONE)):
+        budget = TreeBudget(CONFIG, {s: Line(0.0) for s in TreeBudget(CONFIG).shapes})
+        budget.verify_cost = {tree: fitted(0.012, 0.0), chain: fitted(chain_ms / 1e3, 0.0), NONE: fitted(0.010, 0.0)}
+        seed_acceptance(budget, tree=3, chain=2)
+        budget.last_run = {s: budget.steps for s in budget.shapes}
+        assert budget.shape(1) == tree
+        assert [budget.shape(1, chains_only=True) for _ in range(3)] == [expected] * 3
+        assert budget.shape(1, seeded=True, chains_only=True) == tree
+
+
 def test_a_chosen_shape_is_kept_until_it_is_expected_to_lose():
     """Hysteresis: the chain (2 accepted a round) is chosen at 25 ms a step against no speculation's 10 (1.2x), kept
     when it costs 28 (1.07x, under the margin), dropped at 33 (0.91x), and not taken back at 28."""

@@ -67,6 +67,12 @@ class Step:
         cut = self.cut_child is not None and bool(self.cut_child.any())
         return self.tree.size > 1 and (cut or bool((self.node_count > 1).any()))
 
+    @property
+    def chains_only(self) -> bool:
+        """Whether every row has a grammar: vLLM verifies a grammar row along a chain only (a tree is cut to its
+        leading path), so the budget picks among chains (:meth:`~eagle3_plugin.budget.TreeBudget.shape`)."""
+        return self.structured is not None and bool(self.structured.all())
+
     @cached_property
     def one_entry_per_row(self) -> bool:
         """Whether every row ran one token and verified no tree (a plain decode step): one draft entry each."""

@@ -14,7 +14,8 @@ One engine step, for the whole batch at once (the scheduler, the KV manager and 
     propose           core Speculator: one draft catch-up forward on every request's new entries, then one
                       forward per tree level; the draft's KV lives in vLLM's paged cache (the layer vLLM
                       allocated for its own EAGLE drafter), so prefix caching and preemption cover it; grammar
-                      requests' trees are cut to their leading paths, which obey the grammar (:mod:`.grammars`)
+                      requests' trees are cut to their leading paths, which obey the grammar (:mod:`.grammars`),
+                      and a step of grammar requests only drafts chains (the budget's ``chains_only``)
     sample_tokens     returns the step's output with the draft tokens attached (:mod:`.draft_handoff`)
 
 vLLM counts accepted tokens as it does for chains (num_computed_tokens, spec-decode metrics: a tree of N nodes
@@ -250,7 +251,8 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
         if self.budget.auto:
             wave = self._quiet.wave(step.req_ids, lambda: remaining_tokens(self, step.num_reqs),
                                     step.joined or not step.decode_only, step.ended, step.began, step.waiting)
-        shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators), wave=wave)
+        shape = self.budget.shape(step.num_reqs, seeded=bool(sampling_metadata.generators), wave=wave,
+                                  chains_only=step.chains_only)
         if self._shape_broadcast is not None:
             shape = self._shape_broadcast.agree(shape)
         self.timings.drafted(shape, self.budget.shapes)

@@ -53,7 +53,7 @@ def force_shapes(cycle: list) -> None:
     """Make every ``TreeBudget`` draft ``cycle[step % len(cycle)]``: the configured tree, or nothing."""
     from eagle3_plugin import budget
 
-    def shape(self, batch, seeded=False, wave=None):
+    def shape(self, batch, seeded=False, wave=None, chains_only=False):
         self.steps += 1
         return self.shapes[0] if cycle[(self.steps - 1) % len(cycle)] == "tree" else budget.NONE
 

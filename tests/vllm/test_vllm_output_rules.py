@@ -93,7 +93,8 @@ def min_p_rows(plain_greedy) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(prompts, plain_greedy):
+def engine_runs(prompts, plain_greedy):
+    """Both batches with our tree and without speculation, and our worker's timings after them."""
     rows = rule_rows(plain_greedy)
     sampled = [dict(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2,
                     min_tokens=10), dict(temperature=0.8, top_p=0.9, allowed_token_ids=list(range(50, 900))),
@@ -103,8 +104,15 @@ def runs(prompts, plain_greedy):
                  sampling=rows + sampled + min_p_rows(plain_greedy) + grammar_rows())
     alone = dict(prompts=prompts[3:4], sampling=grammar_rows()[:1])  # steps where vLLM keeps none of its drafts
     spec = run_llm(dict(target=TARGET, speculative_config=TREE.to_dict(), batches=[batch, alone],
-                        max_tokens=MAX_TOKENS, temperature=0.0))["batches"]
+                        max_tokens=MAX_TOKENS, temperature=0.0, rank_timings=True))
     plain = run_llm(dict(target=TARGET, batches=[batch, alone], max_tokens=MAX_TOKENS, temperature=0.0))["batches"]
+    return spec["batches"], plain, spec["rank_timings"][0]
+
+
+@pytest.fixture(scope="module")
+def runs(engine_runs):
+    """The batch of rules (ours, vLLM's), then the grammar request alone (ours, vLLM's)."""
+    spec, plain, _ = engine_runs
     return spec[0], plain[0], spec[1], plain[1]
 
 
@@ -130,6 +138,15 @@ def test_a_grammar_request_alone_is_identical_to_no_speculation(runs):
     assert spec["tokens"] == plain["tokens"]
     steps = MAX_TOKENS - 1 - spec["metrics"]["vllm:spec_decode_num_accepted_tokens"]  # decode steps after the prefill
     assert 0 < spec["metrics"]["vllm:spec_decode_num_drafts"] < steps
+
+
+def test_steps_of_grammar_rows_only_draft_the_trees_chain(engine_runs):
+    """vLLM verifies a grammar row along a chain only, so a step whose every row has a grammar (the request alone)
+    drafts the chain of the tree's depth, which grows the tree's leading path by itself; the steps with other rows
+    (the first batch) draft the fixed tree."""
+    _, _, timings = engine_runs
+    assert timings["chain_steps"] >= 5
+    assert timings["steps"] - timings["chain_steps"] - timings["none_steps"] >= 10
 
 
 def test_grammars_hold_with_our_tree(runs):

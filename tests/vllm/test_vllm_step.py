@@ -1,6 +1,7 @@
 """A step that drafts nothing hands the speculator flat entries with the slots of vLLM's slot mapping for the step: the
 same entries the general path (every row's slot table, :func:`draft_rows`) gives, for decodes and one-token prompt
-chunks. (``tests/vllm/test_vllm_cache.py`` checks the same in a real engine, step by step.)"""
+chunks. (``tests/vllm/test_vllm_cache.py`` checks the same in a real engine, step by step.) A step whose rows all have
+a grammar verifies chains only."""
 
 from types import SimpleNamespace
 
@@ -33,3 +34,16 @@ def test_a_decode_steps_entries_are_its_rows_entries():
         assert torch.equal(getattr(fast, name), getattr(general, name)), name
     assert fast.tokens[2] == token_ids[2, base[2] + 1]  # the chunk's entry pairs with the next prompt token
     assert fast.slots[1] == block_table[1, 0] * block_size + 15 and fast.slots[2] == block_table[2, 1] * block_size
+
+
+def test_a_step_verifies_chains_only_where_every_row_has_a_grammar():
+    """vLLM verifies grammar rows along a chain: a step whose every row has one reads as verifying chains only."""
+    def step(structured):
+        b = 3
+        return Step(req_ids=list("abc"), base=torch.zeros(b, dtype=torch.long), flat_start=torch.arange(b),
+                    count=torch.ones(b, dtype=torch.long), node_count=torch.ones(b, dtype=torch.long),
+                    prefilling=torch.zeros(b, dtype=torch.bool),
+                    tree=DraftTree.root_only(torch.zeros(b, dtype=torch.long)), tree_attention=None,
+                    structured=None if structured is None else torch.tensor(structured))
+    assert step([True, True, True]).chains_only
+    assert not step([True, False, True]).chains_only and not step(None).chains_only
