@@ -16,10 +16,13 @@ class RowRandom:
     def __init__(self, shared: Optional[torch.Generator] = None, rows: Optional[dict[int, torch.Generator]] = None):
         self.shared, self.rows = shared, rows or {}
 
-    def uniform(self, shape, device) -> torch.Tensor:
-        """``[B, ...]`` uniform in [0, 1)."""
+    def uniform(self, shape, device, drawing: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[B, ...]`` uniform in [0, 1). ``drawing [B]`` (bool): the rows whose values are read; a row with its own
+        generator draws only then, so what it consumes depends on its own path alone, not on how long the other rows
+        keep a batched loop going (its other values are the shared draw's)."""
         u = torch.rand(shape, generator=self.shared, device=device)
-        for row, generator in self.rows.items():
+        rows = self.rows.items() if drawing is None else [(r, g) for r, g in self.rows.items() if bool(drawing[r])]
+        for row, generator in rows:
             u[row] = torch.rand(shape[1:], generator=generator, device=device)
         return u
 

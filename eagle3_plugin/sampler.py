@@ -223,7 +223,7 @@ def verify_tree_general(tree: DraftTree, target_logits: torch.Tensor, params: Sa
             ratio = px
             if q_cur is not None:
                 ratio = torch.where(use_real, px / q_cur[rows, x].clamp(min=1e-30), px)
-            accept = trying & (random.uniform((b,), device) < ratio)
+            accept = trying & (random.uniform((b,), device, drawing=trying) < ratio)
             reject = trying & ~accept
             if q_cur is not None:
                 real_reject = (reject & use_real)[:, None]

@@ -144,6 +144,32 @@ def test_greedy_verification_fast_path_equals_the_general_path():
     assert len(lengths) >= 4
 
 
+def test_a_seeded_row_verifies_as_it_would_alone():
+    """A row with its own generator (a seeded request) gets the verdict it gets alone, whatever else the batch holds:
+    greedy rows whose paths go deeper keep the batched loop running after the row stopped, and the row draws nothing
+    from its generator there."""
+    from eagle3_plugin.rng import RowRandom
+    from eagle3_plugin.sampler import verify_tree_general
+    toy = Bigram(vocab=50, draft_vocab=40, seed=10)
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(12):
+        tree = build(toy, 4, depth=4, top_k=3, total=14, temperature=0.9, sample=True, seed=trial)
+        logits = torch.randn(4, 14, 50, generator=gen)
+        for row in (1, 2, 3):  # greedy rows that accept their first children down to the last level
+            for node in range(14):
+                kids = torch.nonzero(tree.parents[row] == node)[:, 0]
+                if len(kids):
+                    logits[row, node, tree.tokens[row, kids[0]]] += 20.0
+        params = SamplingParams(torch.tensor([0.9, 0.0, 0.0, 0.9]), torch.zeros(4, dtype=torch.long), torch.ones(4))
+        batched = verify_tree_general(tree, logits, params, "real",
+                                      RowRandom(torch.Generator().manual_seed(1), {0: torch.Generator().manual_seed(5)}))
+        own = RowRandom(torch.Generator().manual_seed(2), {0: torch.Generator().manual_seed(5)})
+        alone = verify_tree_general(tree.select(torch.tensor([0])), logits[:1], SamplingParams.uniform(1, 0.9), "real",
+                                    own)
+        assert batched.accepted[0].tolist() == alone.accepted[0].tolist(), trial
+        assert int(batched.bonus[0]) == int(alone.bonus[0]), trial
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_verification_over_flat_rows_equals_verification_of_the_trees_rows(temperature):
     """verify_tree_rows (an engine's flat logits and each node's row in them) decides as verify_tree does on the

