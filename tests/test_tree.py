@@ -161,8 +161,8 @@ def test_a_seeded_row_verifies_as_it_would_alone():
                 if len(kids):
                     logits[row, node, tree.tokens[row, kids[0]]] += 20.0
         params = SamplingParams(torch.tensor([0.9, 0.0, 0.0, 0.9]), torch.zeros(4, dtype=torch.long), torch.ones(4))
-        batched = verify_tree_general(tree, logits, params, "real",
-                                      RowRandom(torch.Generator().manual_seed(1), {0: torch.Generator().manual_seed(5)}))
+        shared = RowRandom(torch.Generator().manual_seed(1), {0: torch.Generator().manual_seed(5)})
+        batched = verify_tree_general(tree, logits, params, "real", shared)
         own = RowRandom(torch.Generator().manual_seed(2), {0: torch.Generator().manual_seed(5)})
         alone = verify_tree_general(tree.select(torch.tensor([0])), logits[:1], SamplingParams.uniform(1, 0.9), "real",
                                     own)
