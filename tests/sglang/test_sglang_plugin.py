@@ -126,6 +126,16 @@ def test_penalties_and_min_new_tokens_at_temperature_1_are_served(ours, prompts)
     assert min(len(out) for out in unheld) < 20  # without the minimum, those stop ids end some outputs early
 
 
+def test_a_seeded_request_gives_the_same_output_alone_and_among_others(ours, prompts):
+    """Its draws come from its own generator, for its own tree's nodes only: greedy requests beside it, whose
+    accepted paths go deeper, change nothing."""
+    seeded = {"temperature": 1.0, "sampling_seed": 11, "max_new_tokens": 32, "ignore_eos": True}
+    alone = ours.generate(prompts[0], seeded)["output_ids"]
+    others = [{"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}] * 5
+    among = ours.generate(prompts[:6], [seeded] + others, timeout=1200)[0]["output_ids"]
+    assert among == alone
+
+
 ODD_SETTINGS = [  # extremes SGLang's own checks let through, at T = 1 (a NaN in our sampler would stop the server)
     {"logit_bias": {"5": 1e30}}, {"logit_bias": {str(i): -1e30 for i in range(2048)}},
     {"repetition_penalty": 1e-6, "frequency_penalty": -2.0}, {"min_p": 1.0},
