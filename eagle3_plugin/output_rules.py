@@ -42,9 +42,13 @@ class HeldBack:
 
 
 class PathGrammars(Protocol):
-    """Some rows' grammars (``rows``), each as it stands after its row's emitted tokens (an engine's matchers)."""
+    """Some rows' grammars (``rows``), each as it stands after its row's emitted tokens (an engine's matchers).
+    ``whole_tree``: the engine verifies every node of a tree under its grammar (SGLang), so every node's grammar is
+    read while drafting; False: it verifies a row's leading path only (vLLM's chain of drafts), so only that path's
+    is."""
 
     rows: list[int]
+    whole_tree: bool
 
     def allowed_after(self, rows: list[int], paths: list[list[int]]) -> torch.Tensor:
         """``[len(rows), vocab_size]`` bool: the ids row ``rows[i]``'s grammar allows after ``paths[i]`` (draft
@@ -61,7 +65,7 @@ class OutputRules:
     ``prompt [B, P]``: prompt ids padded with ``vocab_size``, for vLLM's repetition penalty (None: no row has
     penalties; SGLang's arithmetic ignores it). ``banned [B, V]``: True for ids the row may not emit (None: no row
     restricts them). ``arithmetic``: whose penalties, ``"vllm"`` or ``"sglang"`` (see the module's docstring).
-    ``grammars``: rows' grammars an engine hands for drafting (:meth:`apply_at` reads them at ``grammar_nodes`` only;
+    ``grammars``: rows' grammars an engine hands for drafting (:meth:`apply_at` reads them at ``grammar_at`` only;
     the engine masks the target's logits itself)."""
 
     vocab_size: int
@@ -93,16 +97,16 @@ class OutputRules:
         return self.apply_at(tokens, tree.depths, logits)
 
     def apply_at(self, paths: torch.Tensor, depths: torch.Tensor, logits: torch.Tensor,
-                 columns: Optional[torch.Tensor] = None, grammar_nodes: Optional[list[int]] = None) -> torch.Tensor:
+                 columns: Optional[torch.Tensor] = None, grammar_at: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``logits [B, K, C]`` float after ``K`` nodes per row whose paths below the root are ``paths [B, K, D]``
         (ids, -1 padded) at ``depths [B, K]``, adjusted in place (returned). ``columns [C]``: the id of each logit
-        column (a draft's vocabulary within the target's; default all ``vocab_size``). ``grammar_nodes``: per row,
-        the one node whose grammar is read (-1: none; None: no grammar is read)."""
+        column (a draft's vocabulary within the target's; default all ``vocab_size``). ``grammar_at [B, K]`` bool:
+        the nodes whose grammar is read (None: no grammar is read)."""
         if self.banned is not None:
             banned = self.banned if columns is None else self.banned[:, columns]
             logits.masked_fill_(banned[:, None, :], float("-inf"))
-        if self.grammars is not None and grammar_nodes is not None:
-            self._mask_by_grammars(paths, logits, columns, grammar_nodes)
+        if self.grammars is not None and grammar_at is not None:
+            self._mask_by_grammars(paths, logits, columns, grammar_at)
         column_of = _column_index(columns, self.vocab_size) if (self.bad_words or self.held_back) else None
         for row, words in self.bad_words.items():
             for node in range(paths.shape[1]):
@@ -120,13 +124,14 @@ class OutputRules:
         return logits
 
     def _mask_by_grammars(self, paths: torch.Tensor, logits: torch.Tensor, columns: Optional[torch.Tensor],
-                          grammar_nodes: list[int]) -> None:
-        rows = [row for row in self.grammars.rows if grammar_nodes[row] >= 0]
-        if not rows:
+                          grammar_at: torch.Tensor) -> None:
+        has_grammar = torch.zeros(grammar_at.shape[0], dtype=torch.bool, device=grammar_at.device)
+        has_grammar[self.grammars.rows] = True
+        at = torch.nonzero(grammar_at & has_grammar[:, None], as_tuple=True)
+        if at[0].numel() == 0:
             return
-        at = (torch.tensor(rows, device=logits.device), torch.tensor([grammar_nodes[row] for row in rows],
-                                                                     device=logits.device))
-        allowed = self.grammars.allowed_after(rows, [[t for t in path if t >= 0] for path in paths[at].tolist()])
+        allowed = self.grammars.allowed_after(at[0].tolist(),
+                                              [[t for t in path if t >= 0] for path in paths[at].tolist()])
         logits[at] = logits[at].masked_fill(~(allowed if columns is None else allowed[:, columns]), float("-inf"))
 
     def _add_bias(self, logits: torch.Tensor, columns: Optional[torch.Tensor]) -> None:
@@ -148,6 +153,15 @@ class OutputRules:
         held = {row: HeldBack(h.remaining - len(tokens[row]), h.stop_ids, h.restore)
                 for row, h in self.held_back.items() if h.remaining > len(tokens[row])}
         return replace(self, emitted=[e + t for e, t in zip(self.emitted, tokens)], held_back=held)
+
+
+def drafting_rules(rules: Optional[OutputRules], grammars: Optional[PathGrammars], vocab_size: int,
+                   emitted: list[list[int]]) -> Optional[OutputRules]:
+    """The rules a step drafts under: ``rules`` (as of the next roots, each row having emitted ``emitted`` this step)
+    with the rows' ``grammars`` (None: no row's)."""
+    if grammars is None:
+        return rules
+    return replace(rules or OutputRules(vocab_size, emitted), grammars=grammars)
 
 
 def _column_index(columns: Optional[torch.Tensor], vocab_size: int):

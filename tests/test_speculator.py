@@ -324,8 +324,9 @@ class _AlternatingGrammar:
     """A toy ``PathGrammars``: after a path of even length a row may emit only ``even`` ids, after an odd one only
     ``odd`` ids; it records every path it was asked about."""
 
-    def __init__(self, rows, even, odd, vocab_size):
+    def __init__(self, rows, even, odd, vocab_size, whole_tree=False):
         self.rows, self.even, self.odd, self.vocab_size, self.asked = rows, even, odd, vocab_size, []
+        self.whole_tree = whole_tree
 
     def allowed_after(self, rows, paths):
         self.asked.append(list(zip(rows, map(tuple, paths))))
@@ -335,21 +336,19 @@ class _AlternatingGrammar:
         return allowed
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, temperature):
-    """A grammar row's drafts are verified along its tree's leading path (``DraftTree.leading_paths``), so the
-    grammar is read there only, once per level: that path obeys it, the row's other nodes and the other rows do
-    not have to."""
+def _draft_under_grammar(speculator, target, temperature, whole_tree, depth=4):
+    """Three rows, rows 0 and 2 under an :class:`_AlternatingGrammar`, drafted as trees ``depth``/3/16: the tree,
+    the grammar and its two id sets."""
     from eagle3_plugin.output_rules import OutputRules
 
     c = speculator.draft.config
     v, hot = target.config.vocab_size, speculator.draft.hot_token_ids
-    b, n, depth = 3, 6, 4
+    b, n = 3, 6
     g = torch.Generator().manual_seed(6)
     tokens = torch.randint(3, v, (b, n), generator=g)
     features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
     even, odd = hot[[4, 7, 11]].tolist(), hot[[2, 13]].tolist()
-    grammar = _AlternatingGrammar([0, 2], even, odd, v)
+    grammar = _AlternatingGrammar([0, 2], even, odd, v, whole_tree)
     kv = DraftKV.allocate(b * 32, c.num_key_value_heads, c.head_dim, torch.float32)
     rows = DraftRows(torch.arange(b * 32).view(b, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
                      features)
@@ -357,6 +356,16 @@ def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, tempera
     tree = speculator.step(kv, rows, SamplingParams.uniform(b, temperature=temperature), random,
                            shape=TreeShape(depth, 3, 16),
                            rules=OutputRules(v, [[] for _ in range(b)], grammars=grammar))
+    return tree, grammar, even, odd
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, temperature):
+    """Where an engine verifies a grammar row's drafts along its tree's leading path (vLLM:
+    ``DraftTree.leading_paths``), the grammar is read there only, once per level: that path obeys it, the row's other
+    nodes and the other rows do not have to."""
+    depth = 4
+    tree, grammar, even, odd = _draft_under_grammar(speculator, target, temperature, whole_tree=False, depth=depth)
     chains, counts = tree.leading_paths(torch.tensor([True, False, True]))
     for row in (0, 2):
         path = chains.tokens[row, 1:counts[row]].tolist()
@@ -367,4 +376,27 @@ def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, tempera
     leading = [asked[0][1] for asked in grammar.asked]  # row 0's paths, level by level: its leading path's prefixes
     assert leading == [tuple(chains.tokens[0, 1:1 + i].tolist()) for i in range(len(leading))]
     other = tree.tokens[1, 1:].tolist()  # a row without a grammar proposes ids the grammar would not allow
+    assert set(other) - set(even) - set(odd)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_verified_over_the_whole_tree_masks_every_node(speculator, target, temperature):
+    """Where an engine verifies every node of a grammar row's tree under the grammar (SGLang), every frontier node's
+    grammar is read, and every node the row drafts obeys it where the grammar leaves at least ``top_k`` ids (3 here:
+    the even ids; after an odd path 2 ids, so the third child of such a node is a masked id the target rejects)."""
+    tree, grammar, even, odd = _draft_under_grammar(speculator, target, temperature, whole_tree=True)
+    for row in (0, 2):
+        parents, depths, tokens = tree.parents[row].tolist(), tree.depths[row].tolist(), tree.tokens[row].tolist()
+        checked = 0
+        for node in range(1, len(tokens)):
+            rank = sum(parents[other] == parents[node] for other in range(1, node))  # children come in score order
+            allowed = odd if (depths[node] - 1) % 2 else even  # after the parent's path below the root
+            if rank < len(allowed):
+                assert tokens[node] in allowed, (row, node, tokens[node])
+                checked += 1
+        assert checked >= 8
+    asked_rows = [sorted({row for row, _ in asked}) for asked in grammar.asked]
+    assert all(rows == [0, 2] for rows in asked_rows)
+    assert max(len(asked) for asked in grammar.asked) == 2 * 3  # every frontier node (top_k 3) of both rows
+    other = tree.tokens[1, 1:].tolist()
     assert set(other) - set(even) - set(odd)

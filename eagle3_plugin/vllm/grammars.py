@@ -4,16 +4,14 @@ vLLM's scheduler, in the engine core's process, holds each grammar request's mat
 along the drafted chain, but nothing masks the draft, which proposes free text where the grammar forbids most of it.
 The worker runs in a process of its own, so :class:`WorkerGrammars` keeps a matcher per grammar request there:
 compiled as vLLM compiles it (its xgrammar backend, from the request's ``structured_outputs``, in a thread: until it
-is ready the request's drafts stay unmasked) and advanced by the request's output tokens. While a step drafts,
-:class:`DraftGrammars` advances each one by the tokens the step emitted (vLLM lists them only after drafting), the
-row's leading-path node at each level asks it what the grammar allows after the node's path (the core's
-:class:`~eagle3_plugin.output_rules.PathGrammars`), and the step's tokens are rolled back when drafting ends.
+is ready the request's drafts stay unmasked) and advanced by the request's output tokens. While a step drafts, the
+core's :class:`~eagle3_plugin.grammar_drafts.DraftGrammars` reads them, along each row's leading path only (vLLM
+verifies a grammar row's drafts as a chain), and leaves them as it found them.
 
-The masks change only what the draft proposes; verification is vLLM's grammar and the target's law either way, so a
-mask that differed from vLLM's (another backend's grammar, a tokenizer quirk) would cost acceptance, never
-correctness. Drafts stay unmasked with tensor parallelism (each rank's compilation would be ready at its own step, and
-ranks must grow the same trees), with a reasoning parser (a grammar then starts where the scheduler says), and for a
-grammar xgrammar cannot compile.
+The masks change only what the draft proposes (a mask that differed from vLLM's, another backend's grammar or a
+tokenizer quirk, would cost acceptance, never correctness). Drafts stay unmasked with tensor parallelism (each
+rank's compilation would be ready at its own step, and ranks must grow the same trees), with a reasoning parser (a
+grammar then starts where the scheduler says), and for a grammar xgrammar cannot compile.
 """
 
 from __future__ import annotations
@@ -22,21 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
-
-def _advance(matcher, tokens: list[int]) -> int:
-    """Accept ``tokens`` up to the first the grammar refuses or its end (where xgrammar would warn of each token);
-    how many it accepted."""
-    accepted = 0
-    for token in tokens:
-        if matcher.is_terminated() or not matcher.accept_token(token):
-            break
-        accepted += 1
-    return accepted
-
-
-_BITS = torch.arange(32, dtype=torch.int32)  # a bitmask word's bits, lowest first (xgrammar's layout)
+from ..grammar_drafts import DraftGrammars, advance
 
 
 @dataclass
@@ -64,7 +48,7 @@ class WorkerGrammars:
         self._tracked: dict[str, _Tracked] = {}
 
     def drafting(self, requests: dict, req_ids: list[str], rows: list[int],
-                 emitted: list[list[int]]) -> "DraftGrammars":
+                 emitted: list[list[int]]) -> DraftGrammars:
         """The grammars of ``rows`` (requests with ``structured_outputs``) for one step's drafting, ``emitted``
         being each row's tokens of this step; requests no longer in ``requests`` (vLLM's) are forgotten."""
         for req_id in [r for r in self._tracked if r not in requests]:
@@ -74,7 +58,7 @@ class WorkerGrammars:
             matcher = self._matcher(req_ids[row], requests[req_ids[row]])
             if matcher is not None:
                 matchers[row] = matcher
-        return DraftGrammars(matchers, emitted, self.vocab_size)
+        return DraftGrammars(matchers, emitted, self.vocab_size, whole_tree=False)  # vLLM masks a chain
 
     def _matcher(self, req_id: str, request):
         """The request's matcher after its output so far, or None (compiling, not compilable, or out of step)."""
@@ -91,7 +75,7 @@ class WorkerGrammars:
             tracked.matcher = tracked.compiled.result().matcher
         output = request.output_token_ids
         new = output[tracked.taken:]
-        if len(output) < tracked.taken or _advance(tracked.matcher, new) < len(new):
+        if len(output) < tracked.taken or advance(tracked.matcher, new) < len(new):
             tracked.usable = False  # its output is not what the matcher took (or the grammar has ended)
             return None
         tracked.taken = len(output)
@@ -117,38 +101,3 @@ class WorkerGrammars:
             failed = Future()
             failed.set_exception(error)
             return failed
-
-
-class DraftGrammars:
-    """With it, the rows' matchers stand after the tokens the step emitted, read as the core's
-    :class:`~eagle3_plugin.output_rules.PathGrammars` (None: no row's is); on exit (any exit) they are rolled back."""
-
-    def __init__(self, matchers: dict, emitted: list[list[int]], vocab_size: int):
-        self._matchers, self._emitted, self.vocab_size = matchers, emitted, vocab_size
-        self._advanced: list[tuple[object, int]] = []
-        self.rows: list[int] = []
-
-    def __enter__(self) -> Optional["DraftGrammars"]:
-        for row, matcher in self._matchers.items():
-            accepted = _advance(matcher, self._emitted[row])
-            self._advanced.append((matcher, accepted))
-            if accepted == len(self._emitted[row]) and not matcher.is_terminated():
-                self.rows.append(row)
-        return self if self.rows else None
-
-    def __exit__(self, *exc) -> None:
-        for matcher, accepted in self._advanced:
-            if accepted:
-                matcher.rollback(accepted)
-        self._advanced = []
-
-    def allowed_after(self, rows: list[int], paths: list[list[int]]) -> torch.Tensor:
-        bitmask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)  # all allowed
-        for i, (row, path) in enumerate(zip(rows, paths)):
-            matcher = self._matchers[row]
-            accepted = _advance(matcher, path)
-            if accepted == len(path) and not matcher.is_terminated():
-                matcher.fill_next_token_bitmask(bitmask, i)
-            if accepted:
-                matcher.rollback(accepted)
-        return ((bitmask[:, :, None] >> _BITS) & 1).flatten(1)[:, :self.vocab_size].bool()

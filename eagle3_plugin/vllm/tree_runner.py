@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Optional
 
 import torch
@@ -36,7 +36,7 @@ from torch import nn
 from ..budget import NONE, PendingRecord
 from ..checkpoint import load_draft
 from ..config import Eagle3Config
-from ..output_rules import OutputRules
+from ..output_rules import drafting_rules
 from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..speculator import Speculator, TreeShape
@@ -269,8 +269,7 @@ class TreeSpeculationRunner(SeededPrefillFix, CPUModelRunner):
             if rules is not None:
                 rules = rules.followed_by(emitted)
             with self._grammars.drafting(self.requests, step.req_ids, grammar_rows, emitted) as grammars:
-                if grammars is not None:
-                    rules = replace(rules or OutputRules(batch.vocab_size, emitted), grammars=grammars)
+                rules = drafting_rules(rules, grammars, batch.vocab_size, emitted)
                 tree = self.speculator.step(self._draft_kv, draft_rows(*captured), params,
                                             RowRandom(self._generator, sampling_metadata.generators), shape, rules)
         self._step = None

@@ -220,35 +220,3 @@ def test_rules_at_each_node_are_vllms_own():
     want = apply_all_penalties(flat, rules.prompt[rows], rules.presence[rows], rules.frequency[rows],
                                rules.repetition[rows], contexts)
     assert torch.equal(got.reshape(b * n, v), want)
-
-
-def test_draft_grammars_mask_the_paths_and_leave_the_matchers_as_found():
-    """The worker's matchers (``eagle3_plugin.vllm.grammars``): inside, each stands after its row's emitted tokens and
-    answers what its grammar allows after a draft path; after the block, an error in it too, it is where it was."""
-    import xgrammar
-
-    from eagle3_plugin.vllm.grammars import DraftGrammars
-    tok = AutoTokenizer.from_pretrained(TARGET)
-    v = AutoModelForCausalLM.from_pretrained(TARGET).config.vocab_size
-    compiled = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tok, vocab_size=v)).compile_regex(
-        "(yes|no), because [a-z ]+\\.")
-    matchers = {0: xgrammar.GrammarMatcher(compiled), 2: xgrammar.GrammarMatcher(compiled)}
-
-    def state(matcher):
-        mask = xgrammar.allocate_token_bitmask(1, v)
-        matcher.fill_next_token_bitmask(mask, 0)
-        return mask
-    before = {row: state(m) for row, m in matchers.items()}
-    emitted = [tok.encode("yes", add_special_tokens=False), [], tok.encode("no", add_special_tokens=False)]
-    comma = tok.encode(",", add_special_tokens=False)
-    with pytest.raises(RuntimeError):
-        with DraftGrammars(matchers, emitted, v) as grammars:
-            assert grammars.rows == [0, 2]
-            allowed = grammars.allowed_after([0, 2], [comma, [5]])  # row 2's path leaves its grammar: all allowed
-            assert 0 < allowed[0].sum() < v and not allowed[0, comma[-1]]  # after "yes,": " because", no comma
-            assert bool(allowed[1].all())
-            raise RuntimeError("drafting failed")
-    assert all(torch.equal(state(m), before[row]) for row, m in matchers.items())
-    with DraftGrammars(matchers, [[5], [], [5]], v) as grammars:  # emitted tokens outside both grammars
-        assert grammars is None
-    assert all(torch.equal(state(m), before[row]) for row, m in matchers.items())

@@ -1,0 +1,39 @@
+"""The core's reading of an engine's grammar matchers for drafting (``eagle3_plugin.grammar_drafts``), with xgrammar's
+own matchers over the bundled tokenizer (xgrammar, the backend both engines use by default, comes with vLLM)."""
+
+import pytest
+import torch
+import xgrammar
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bundled import TARGET
+from eagle3_plugin.grammar_drafts import DraftGrammars
+
+
+def test_draft_grammars_mask_the_paths_and_leave_the_matchers_as_found():
+    """An engine's xgrammar matchers as the core reads them: inside, each stands after its row's emitted tokens and
+    answers what its grammar allows after a draft path; after the block, an error in it too, it is where it was."""
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    v = AutoModelForCausalLM.from_pretrained(TARGET).config.vocab_size
+    compiled = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tok, vocab_size=v)).compile_regex(
+        "(yes|no), because [a-z ]+\\.")
+    matchers = {0: xgrammar.GrammarMatcher(compiled), 2: xgrammar.GrammarMatcher(compiled)}
+
+    def state(matcher):
+        mask = xgrammar.allocate_token_bitmask(1, v)
+        matcher.fill_next_token_bitmask(mask, 0)
+        return mask
+    before = {row: state(m) for row, m in matchers.items()}
+    emitted = [tok.encode("yes", add_special_tokens=False), [], tok.encode("no", add_special_tokens=False)]
+    comma = tok.encode(",", add_special_tokens=False)
+    with pytest.raises(RuntimeError):
+        with DraftGrammars(matchers, emitted, v, whole_tree=False) as grammars:
+            assert grammars.rows == [0, 2]
+            allowed = grammars.allowed_after([0, 2], [comma, [5]])  # row 2's path leaves its grammar: all allowed
+            assert 0 < allowed[0].sum() < v and not allowed[0, comma[-1]]  # after "yes,": " because", no comma
+            assert bool(allowed[1].all())
+            raise RuntimeError("drafting failed")
+    assert all(torch.equal(state(m), before[row]) for row, m in matchers.items())
+    with DraftGrammars(matchers, [[5], [], [5]], v, whole_tree=True) as grammars:  # emitted tokens outside both grammars
+        assert grammars is None
+    assert all(torch.equal(state(m), before[row]) for row, m in matchers.items())
