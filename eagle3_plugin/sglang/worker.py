@@ -11,7 +11,8 @@ forward and SGLang's KV bookkeeping are untouched):
 
 Requests' penalties, ``min_new_tokens`` and ``logit_bias`` apply at every tree node for its own path
 (:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids and the ``logit_bias``. Grammars
-(regex, JSON schema, EBNF, structural tags) mask each node's logits with SGLang's own mask over our tree's links.
+(regex, JSON schema, EBNF, structural tags) mask the target's logits at each node with SGLang's own mask over our
+tree's links, and the draft's at each node with SGLang's own matchers (:mod:`.grammars`).
 
 The tree shape of each step comes from the core's :class:`~eagle3_plugin.budget.TreeBudget` (``budget: "auto"``,
 the default: the configured tree, its chain or none, whichever the step's load pays for; ``"fixed"``: always the
@@ -28,6 +29,7 @@ SGLang's draft worker is otherwise never run. Other algorithms (EAGLE, STANDALON
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -37,10 +39,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..budget import PendingRecord, TreeBudget
+from ..budget import NONE, PendingRecord, TreeBudget
 from ..checkpoint import validate_against_target
 from ..convert import load_source
-from ..output_rules import OutputRules
+from ..output_rules import OutputRules, drafting_rules
 from ..proposed_trees import ProposedTrees
 from ..rng import RowRandom
 from ..sampler import SamplingParams
@@ -49,6 +51,7 @@ from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from ..wave import QuietBatch
 from . import capture, settings
+from .grammars import draft_grammars
 from .output_rules import check_roots, output_rules
 from .verify import TreeVerifyInput, build_verify_input
 from .waiting import waiting
@@ -143,10 +146,12 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         tails = _eagle_prefill_tail_tokens(batch, result.next_token_ids).long()
         tokens = torch.where(j[None] == (count - 1)[:, None], tails[:, None], following)
         rows = DraftRows(self._slots(batch, start + count), start, count, tokens, features, src)
-        rules = output_rules(batch, self.vocab_size)  # SGLang lists the first token after this step
+        emitted = [[t] for t in tails.tolist()]  # SGLang lists the first token after this step
+        rules = output_rules(batch, self.vocab_size)
         if rules is not None:
-            rules = rules.followed_by([[t] for t in tails.tolist()])
-        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, step_began, rules)
+            rules = rules.followed_by(emitted)
+        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, step_began, rules,
+                      emitted)
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)
@@ -178,9 +183,10 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         verified = self._drafted
         rows = DraftRows(self._slots(batch, root_position + count), root_position, count,
                          verdict.emitted(trees).clamp(min=0), self.capture.features, nodes)
+        emitted = verdict.output_tokens(trees) if rules is not None or batch.has_grammar else None
         if rules is not None:  # the next trees' roots follow this step's tokens
-            rules = rules.followed_by(verdict.output_tokens(trees))
-        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, step_began, rules)
+            rules = rules.followed_by(emitted)
+        drafted, draft_seconds = self._propose(rids, rows, params, random, batch, step_began, rules, emitted)
         self._drafted = drafted
         if verified is not None:  # every tree verified was drafted by the last step (a decode step), whole
             if verified.total_tokens == 1:  # nothing was verified: no acceptance to record
@@ -203,11 +209,13 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
             finalize_tree_path=True, grammar_barrier=grammar_barrier)
 
     def _propose(self, rids: list, rows: DraftRows, params: SamplingParams, random: RowRandom, batch,
-                 step_began: float, rules: Optional[OutputRules]) -> tuple[TreeShape, float]:
+                 step_began: float, rules: Optional[OutputRules],
+                 emitted: Optional[list[list[int]]]) -> tuple[TreeShape, float]:
         """Catch every request (``rids``, the batch's order) up on ``rows`` (the draft's KV into SGLang's draft pool)
         and keep its next tree, of the shape the budget picks (the root alone for none; ``step_began``: when the step
         began, for :class:`~eagle3_plugin.wave.QuietBatch`; ``rules``: the requests' as of the next roots, the draft
-        obeying those meant for it); returns that shape and the seconds it took."""
+        obeying those meant for it, and their grammars at every node (:mod:`.grammars`), ``emitted`` being each
+        request's tokens of this step); returns that shape and the seconds it took."""
         began = time.perf_counter()
         if self._draft_kv is None:
             self._draft_kv = _draft_store(self._draft_worker.draft_runner.token_to_kv_pool)
@@ -222,7 +230,10 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
                                     waiting(batch) > 0)
         shape = self.budget.shape(len(rids), seeded=bool(random.rows), wave=wave)
         self.timings.drafted(shape, self.budget.shapes)
-        trees = self.speculator.step(self._draft_kv, rows, params, random, shape, rules)
+        masked = batch.has_grammar and shape != NONE
+        with (draft_grammars(batch.reqs, emitted, self.vocab_size) if masked else contextlib.nullcontext()) as grammars:
+            rules = drafting_rules(rules, grammars, self.vocab_size, emitted)
+            trees = self.speculator.step(self._draft_kv, rows, params, random, shape, rules)
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
         ended_at = time.perf_counter()
         self._quiet.step_ended(ended_at)

@@ -37,6 +37,7 @@ from law_cases import ALPHA, GROUPS, LENGTH, N, group_prompts, group_pvalue, mix
 from stats_util import path_law
 
 SAME_PENALTIES = os.path.join(SUPPORT, "same_penalties.py")
+GRAMMAR_DRAFTS = os.path.join(SUPPORT, "grammar_drafts.py")
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "10"]
 STOP = 376  # a token the bundled target's greedy outputs hold early
 SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -153,6 +154,15 @@ def test_odd_settings_are_served_and_the_server_keeps_serving(ours, prompts):
 def test_our_rules_at_each_node_equal_sglangs_own_penalizers():
     proc = subprocess.run([SGLANG_PYTHON, SAME_PENALTIES], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-3000:]
+
+
+def test_drafts_obey_sglangs_own_grammars_at_every_tree_node():
+    """SGLang verifies the whole tree under a request's grammar, so the draft reads the grammar at every node: with
+    SGLang's own grammar objects (its xgrammar backend, the bundled tokenizer) every node a grammar row drafts obeys
+    it (JSON schema, regex, EBNF), the grammars are left where they stood, and the same draft without them does not
+    obey them (tests/sglang_support/grammar_drafts.py)."""
+    proc = subprocess.run([SGLANG_PYTHON, GRAMMAR_DRAFTS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "obeyed", proc.stderr[-3000:]
 
 
 def test_four_tokens_at_temperature_1_have_the_target_law(ours, law_prompts):
