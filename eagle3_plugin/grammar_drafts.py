@@ -15,8 +15,10 @@ of step with the engine's would cost acceptance, never correctness.
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
+import numpy as np
 import torch
 
 
@@ -31,7 +33,14 @@ def advance(matcher, tokens: list[int]) -> int:
     return accepted
 
 
-_BITS = torch.arange(32, dtype=torch.int32)  # a bitmask word's bits, lowest first (xgrammar's layout)
+def _unpack(bitmask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """xgrammar's bitmasks ``[n, words]`` int32 (id ``32 w + j`` is bit ``j`` of word ``w``, lowest first) as ``[n,
+    len(ids)]`` bool at ``ids`` (numpy's bit unpacking: ~5x torch's shifts and gather here)."""
+    words = bitmask.numpy()
+    if sys.byteorder != "little":
+        words = words.byteswap()
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(np.take(bits, ids.numpy(), axis=1)).view(torch.bool)
 
 
 class DraftGrammars:
@@ -58,13 +67,47 @@ class DraftGrammars:
                 matcher.rollback(accepted)
         self._advanced = []
 
-    def allowed_after(self, rows: list[int], paths: list[list[int]]) -> torch.Tensor:
+    def allowed_after(self, rows: list[int], paths: list[list[int]],
+                      columns: Optional[torch.Tensor] = None) -> torch.Tensor:
         bitmask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)  # all allowed
-        for i, (row, path) in enumerate(zip(rows, paths)):
-            matcher = self._matchers[row]
-            accepted = advance(matcher, path)
-            if accepted == len(path) and not matcher.is_terminated():
-                matcher.fill_next_token_bitmask(bitmask, i)
-            if accepted:
-                matcher.rollback(accepted)
-        return ((bitmask[:, :, None] >> _BITS) & 1).flatten(1)[:, :self.vocab_size].bool()
+        walk = None
+        try:  # row by row, paths in order: a node's path shares its parent's and often its siblings' prefixes
+            for i in sorted(range(len(rows)), key=lambda i: (rows[i], paths[i])):
+                if walk is None or walk.row != rows[i]:
+                    if walk is not None:
+                        walk.leave()
+                    walk = _PathWalk(rows[i], self._matchers[rows[i]])
+                if walk.reach(paths[i]):
+                    walk.matcher.fill_next_token_bitmask(bitmask, i)
+        finally:
+            if walk is not None:
+                walk.leave()
+        return _unpack(bitmask, torch.arange(self.vocab_size) if columns is None else columns.cpu())
+
+
+class _PathWalk:
+    """A row's matcher walked from path to path: it rolls back only past the prefix the next path shares with the
+    last, and accepts only the rest; :meth:`leave` puts it back where it was."""
+
+    def __init__(self, row: int, matcher):
+        self.row, self.matcher, self.path = row, matcher, []  # the tokens it has accepted here
+
+    def reach(self, path: list[int]) -> bool:
+        """Stand after ``path`` (True), or after the longest prefix of it the grammar takes (False; also where the
+        grammar has ended there)."""
+        common = 0
+        while common < min(len(self.path), len(path)) and self.path[common] == path[common]:
+            common += 1
+        if common < len(self.path):
+            self.matcher.rollback(len(self.path) - common)
+            del self.path[common:]
+        for token in path[common:]:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(token):
+                return False
+            self.path.append(token)
+        return not self.matcher.is_terminated()
+
+    def leave(self) -> None:
+        if self.path:
+            self.matcher.rollback(len(self.path))
+            self.path = []

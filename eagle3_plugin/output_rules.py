@@ -50,10 +50,11 @@ class PathGrammars(Protocol):
     rows: list[int]
     whole_tree: bool
 
-    def allowed_after(self, rows: list[int], paths: list[list[int]]) -> torch.Tensor:
-        """``[len(rows), vocab_size]`` bool: the ids row ``rows[i]``'s grammar allows after ``paths[i]`` (draft
-        tokens below the root); all of them where it constrains nothing (it has ended) or the path already leaves
-        it. Leaves the grammars as it found them."""
+    def allowed_after(self, rows: list[int], paths: list[list[int]],
+                      columns: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[len(rows), C]`` bool: whether row ``rows[i]``'s grammar allows each id of ``columns [C]`` (default: all
+        ``vocab_size``) after ``paths[i]`` (draft tokens below the root); all of them where it constrains nothing (it
+        has ended) or the path already leaves it. Leaves the grammars as it found them."""
 
 
 @dataclass
@@ -131,8 +132,10 @@ class OutputRules:
         if at[0].numel() == 0:
             return
         allowed = self.grammars.allowed_after(at[0].tolist(),
-                                              [[t for t in path if t >= 0] for path in paths[at].tolist()])
-        logits[at] = logits[at].masked_fill(~(allowed if columns is None else allowed[:, columns]), float("-inf"))
+                                              [[t for t in path if t >= 0] for path in paths[at].tolist()], columns)
+        forbidden = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        forbidden[at] = ~allowed.to(logits.device)
+        logits.masked_fill_(forbidden, float("-inf"))
 
     def _add_bias(self, logits: torch.Tensor, columns: Optional[torch.Tensor]) -> None:
         logits += (self.bias if columns is None else self.bias[:, columns])[:, None, :]

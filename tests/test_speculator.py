@@ -328,12 +328,12 @@ class _AlternatingGrammar:
         self.rows, self.even, self.odd, self.vocab_size, self.asked = rows, even, odd, vocab_size, []
         self.whole_tree = whole_tree
 
-    def allowed_after(self, rows, paths):
+    def allowed_after(self, rows, paths, columns=None):
         self.asked.append(list(zip(rows, map(tuple, paths))))
         allowed = torch.zeros(len(rows), self.vocab_size, dtype=torch.bool)
         for i, path in enumerate(paths):
             allowed[i, self.odd if len(path) % 2 else self.even] = True
-        return allowed
+        return allowed if columns is None else allowed[:, columns]
 
 
 def _draft_under_grammar(speculator, target, temperature, whole_tree, depth=4):
