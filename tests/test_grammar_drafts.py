@@ -34,7 +34,7 @@ def test_draft_grammars_mask_the_paths_and_leave_the_matchers_as_found():
             assert bool(allowed[1].all())
             raise RuntimeError("drafting failed")
     assert all(torch.equal(state(m), before[row]) for row, m in matchers.items())
-    with DraftGrammars(matchers, [[5], [], [5]], v, whole_tree=True) as grammars:  # emitted tokens outside both grammars
+    with DraftGrammars(matchers, [[5], [], [5]], v, whole_tree=True) as grammars:  # tokens outside both grammars
         assert grammars is None
     assert all(torch.equal(state(m), before[row]) for row, m in matchers.items())
 

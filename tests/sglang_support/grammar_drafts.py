@@ -23,7 +23,8 @@ SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string"}
                      "required": ["name", "age"]})
 SHAPE = TreeShape(5, 8, 32)
 # per row: a grammar (None: a free row), and the text its output so far and this step's tokens spell
-ROWS = [(("json", SCHEMA), '{"name": "Al", "'), (None, "the cat"), (("regex", "(yes|no), because [a-z ]+\\."), "no, bec"),
+ROWS = [(("json", SCHEMA), '{"name": "Al", "'), (None, "the cat"),
+        (("regex", "(yes|no), because [a-z ]+\\."), "no, bec"),
         (("ebnf", 'root ::= ("yes" | "no") ", since " [a-z]+ (" " [a-z]+)* "."'), "yes, since the")]
 
 tokenizer = AutoTokenizer.from_pretrained(TARGET)
