@@ -133,9 +133,11 @@ class OutputRules:
             return
         allowed = self.grammars.allowed_after(at[0].tolist(),
                                               [[t for t in path if t >= 0] for path in paths[at].tolist()], columns)
-        forbidden = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-        forbidden[at] = ~allowed.to(logits.device)
-        logits.masked_fill_(forbidden, float("-inf"))
+        forbidden = ~allowed.to(logits.device)
+        if forbidden.shape[0] == logits.shape[0] * logits.shape[1]:  # every node, in row-major order: in place
+            logits.masked_fill_(forbidden.view(logits.shape), float("-inf"))
+        else:
+            logits[at] = logits[at].masked_fill(forbidden, float("-inf"))
 
     def _add_bias(self, logits: torch.Tensor, columns: Optional[torch.Tensor]) -> None:
         logits += (self.bias if columns is None else self.bias[:, columns])[:, None, :]

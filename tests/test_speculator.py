@@ -336,8 +336,8 @@ class _AlternatingGrammar:
         return allowed if columns is None else allowed[:, columns]
 
 
-def _draft_under_grammar(speculator, target, temperature, whole_tree, depth=4):
-    """Three rows, rows 0 and 2 under an :class:`_AlternatingGrammar`, drafted as trees ``depth``/3/16: the tree,
+def _draft_under_grammar(speculator, target, temperature, whole_tree, depth=4, grammar_rows=(0, 2)):
+    """Three rows, ``grammar_rows`` under an :class:`_AlternatingGrammar`, drafted as trees ``depth``/3/16: the tree,
     the grammar and its two id sets."""
     from eagle3_plugin.output_rules import OutputRules
 
@@ -348,7 +348,7 @@ def _draft_under_grammar(speculator, target, temperature, whole_tree, depth=4):
     tokens = torch.randint(3, v, (b, n), generator=g)
     features = torch.randn(b, n, 3 * c.target_hidden_size, generator=g)
     even, odd = hot[[4, 7, 11]].tolist(), hot[[2, 13]].tolist()
-    grammar = _AlternatingGrammar([0, 2], even, odd, v, whole_tree)
+    grammar = _AlternatingGrammar(list(grammar_rows), even, odd, v, whole_tree)
     kv = DraftKV.allocate(b * 32, c.num_key_value_heads, c.head_dim, torch.float32)
     rows = DraftRows(torch.arange(b * 32).view(b, 32), torch.zeros(b, dtype=torch.long), torch.full((b,), n), tokens,
                      features)
@@ -380,12 +380,14 @@ def test_a_grammar_masks_each_rows_leading_path_only(speculator, target, tempera
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_grammar_verified_over_the_whole_tree_masks_every_node(speculator, target, temperature):
+@pytest.mark.parametrize("grammar_rows", [(0, 2), (0, 1, 2)])
+def test_a_grammar_verified_over_the_whole_tree_masks_every_node(speculator, target, temperature, grammar_rows):
     """Where an engine verifies every node of a grammar row's tree under the grammar (SGLang), every frontier node's
     grammar is read, and every node the row drafts obeys it where the grammar leaves at least ``top_k`` ids (3 here:
-    the even ids; after an odd path 2 ids, so the third child of such a node is a masked id the target rejects)."""
-    tree, grammar, even, odd = _draft_under_grammar(speculator, target, temperature, whole_tree=True)
-    for row in (0, 2):
+    the even ids; after an odd path 2 ids, so the third child of such a node is a masked id the target rejects).
+    Some rows under a grammar, or all of them."""
+    tree, grammar, even, odd = _draft_under_grammar(speculator, target, temperature, True, grammar_rows=grammar_rows)
+    for row in grammar_rows:
         parents, depths, tokens = tree.parents[row].tolist(), tree.depths[row].tolist(), tree.tokens[row].tolist()
         checked = 0
         for node in range(1, len(tokens)):
@@ -396,7 +398,8 @@ def test_a_grammar_verified_over_the_whole_tree_masks_every_node(speculator, tar
                 checked += 1
         assert checked >= 8
     asked_rows = [sorted({row for row, _ in asked}) for asked in grammar.asked]
-    assert all(rows == [0, 2] for rows in asked_rows)
-    assert max(len(asked) for asked in grammar.asked) == 2 * 3  # every frontier node (top_k 3) of both rows
-    other = tree.tokens[1, 1:].tolist()
-    assert set(other) - set(even) - set(odd)
+    assert all(rows == list(grammar_rows) for rows in asked_rows)
+    assert max(len(asked) for asked in grammar.asked) == len(grammar_rows) * 3  # every frontier node (top_k 3)
+    if 1 not in grammar_rows:
+        other = tree.tokens[1, 1:].tolist()
+        assert set(other) - set(even) - set(odd)
