@@ -46,12 +46,15 @@ def _unpack(bitmask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 class DraftGrammars:
     """With it, the rows' matchers (``{row: matcher}``) stand after the tokens the step emitted, read as the core's
     ``PathGrammars`` (None: no row's is: each was refused an emitted token or has ended); on exit they are rolled
-    back."""
+    back. ``kept``: each row's packed mask (xgrammar's bitmask row) after each path it was asked about, ``{row:
+    {path: mask}}``, all ones where the path leaves the grammar or ends it (an engine that verifies the tree under
+    the same grammar can reuse them)."""
 
     def __init__(self, matchers: dict, emitted: list[list[int]], vocab_size: int, whole_tree: bool):
         self._matchers, self._emitted, self.vocab_size, self.whole_tree = matchers, emitted, vocab_size, whole_tree
         self._advanced: list[tuple[object, int]] = []
         self.rows: list[int] = []
+        self.kept: dict[int, dict[tuple, torch.Tensor]] = {}
 
     def __enter__(self) -> Optional["DraftGrammars"]:
         for row, matcher in self._matchers.items():
@@ -70,27 +73,36 @@ class DraftGrammars:
     def allowed_after(self, rows: list[int], paths: list[list[int]],
                       columns: Optional[torch.Tensor] = None) -> torch.Tensor:
         bitmask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)  # all allowed
-        walk = None
-        try:  # row by row, paths in order: a node's path shares its parent's and often its siblings' prefixes
-            for i in sorted(range(len(rows)), key=lambda i: (rows[i], paths[i])):
-                if walk is None or walk.row != rows[i]:
-                    if walk is not None:
-                        walk.leave()
-                    walk = _PathWalk(rows[i], self._matchers[rows[i]])
-                if walk.reach(paths[i]):
-                    walk.matcher.fill_next_token_bitmask(bitmask, i)
-        finally:
-            if walk is not None:
-                walk.leave()
+        fill_bitmasks(bitmask, [(rows[i], self._matchers[rows[i]], paths[i], i) for i in range(len(rows))])
+        for i, (row, path) in enumerate(zip(rows, paths)):
+            self.kept.setdefault(row, {})[tuple(path)] = bitmask[i]
         return _unpack(bitmask, torch.arange(self.vocab_size) if columns is None else columns.cpu())
 
 
-class _PathWalk:
-    """A row's matcher walked from path to path: it rolls back only past the prefix the next path shares with the
+def fill_bitmasks(bitmask: torch.Tensor, asked: list[tuple]) -> None:
+    """For each ``(key, matcher, path, index)`` of ``asked``: fill ``bitmask[index]`` with what the matcher allows after
+    ``path`` (left as it is where the path leaves the grammar or ends it), the matcher left where it was. Each key's
+    paths are walked in order, as a trie: a node's path shares its parent's and often its siblings' prefixes."""
+    walk = None
+    try:
+        for key, matcher, path, index in sorted(asked, key=lambda a: (a[0], a[2])):
+            if walk is None or walk.key != key:
+                if walk is not None:
+                    walk.leave()
+                walk = PathWalk(key, matcher)
+            if walk.reach(path):
+                matcher.fill_next_token_bitmask(bitmask, index)
+    finally:
+        if walk is not None:
+            walk.leave()
+
+
+class PathWalk:
+    """A matcher walked from path to path: it rolls back only past the prefix the next path shares with the
     last, and accepts only the rest; :meth:`leave` puts it back where it was."""
 
-    def __init__(self, row: int, matcher):
-        self.row, self.matcher, self.path = row, matcher, []  # the tokens it has accepted here
+    def __init__(self, key, matcher):
+        self.key, self.matcher, self.path = key, matcher, []  # the tokens it has accepted here
 
     def reach(self, path: list[int]) -> bool:
         """Stand after ``path`` (True), or after the longest prefix of it the grammar takes (False; also where the

@@ -65,8 +65,12 @@ REQUIRED_INTERNALS = (
     ("sglang.srt.sampling.sampling_batch_info", "SamplingBatchInfo",
      ("acc_additive_penalties", "logit_bias", "min_ps", "need_min_p_sampling")),
     ("sglang.srt.managers.schedule_batch", "Req", ("eos_token_ids",)),
-    # grammars: SGLang's vocabulary mask over our tree, one row per node
+    # grammars: SGLang's vocabulary mask over our tree, one row per node, built by .grammars while our worker verifies
     ("sglang.srt.constrained.base_grammar_backend", "GrammarMask.apply", ("logits",)),
+    (f"{_SPEC}.spec_utils", "build_grammar_vocab_mask", ("reqs", "tree", "sampling_info", "device", "barrier")),
+    (f"{_SPEC}.spec_utils", "GrammarTree.resolve", ()),
+    ("sglang.srt.constrained.base_grammar_backend", "BaseGrammarObject.allocate_vocab_mask",
+     ("vocab_size", "batch_size", "device")),
     ("sglang.srt.layers.attention.base_attn_backend", "AttentionBackend.verify_mask", None),
 )
 

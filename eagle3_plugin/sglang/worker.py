@@ -12,7 +12,8 @@ forward and SGLang's KV bookkeeping are untouched):
 Requests' penalties, ``min_new_tokens`` and ``logit_bias`` apply at every tree node for its own path
 (:mod:`.output_rules`); the draft obeys ``min_new_tokens``'s held-back stop ids and the ``logit_bias``. Grammars
 (regex, JSON schema, EBNF, structural tags) mask the target's logits at each node with SGLang's own mask over our
-tree's links, and the draft's at each node with SGLang's own matchers (:mod:`.grammars`).
+tree's links (built from the masks the draft read where it can), and the draft's at each node with SGLang's own
+matchers (:mod:`.grammars`).
 
 The tree shape of each step comes from the core's :class:`~eagle3_plugin.budget.TreeBudget` (``budget: "auto"``,
 the default: the configured tree, its chain or none, whichever the step's load pays for; ``"fixed"``: always the
@@ -51,7 +52,7 @@ from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from ..wave import QuietBatch
 from . import capture, settings
-from .grammars import draft_grammars
+from .grammars import draft_grammars, verifying_with
 from .output_rules import check_roots, output_rules
 from .verify import TreeVerifyInput, build_verify_input
 from .waiting import waiting
@@ -105,6 +106,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._seeded: dict[str, torch.Generator] = {}
         self._known: set[str] = set()
         self._draft_kv = None  # SGLang's draft pool, allocated after the workers are built
+        self._grammar_masks: dict = {}  # {rid: {path: packed mask}}: what the last drafting read (:mod:`.grammars`)
         self.timings = PluginTimings()
         self._timings_file = os.environ.get(FILE_ENV)
         logger.info("eagle3-plugin worker: %s, capture ids %s (ours), tree sampler %s, %s budget", self.eagle3.mode,
@@ -174,7 +176,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
         self.timings.prepare += time.perf_counter() - began
-        result = self.verify(batch, grammar_barrier=grammar_barrier)
+        with verifying_with(self._grammar_masks):  # the masks the last drafting read, for SGLang's verify masks
+            result = self.verify(batch, grammar_barrier=grammar_barrier)
         self.timings.verify += verify_input.seconds
         verdict, n = verify_input.verdict, trees.size
         rows = torch.arange(len(rids), device=self.device)
@@ -234,6 +237,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         with (draft_grammars(batch.reqs, emitted, self.vocab_size) if masked else contextlib.nullcontext()) as grammars:
             rules = drafting_rules(rules, grammars, self.vocab_size, emitted)
             trees = self.speculator.step(self._draft_kv, rows, params, random, shape, rules)
+        self._grammar_masks = {} if grammars is None else {rids[row]: kept for row, kept in grammars.kept.items()}
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
         ended_at = time.perf_counter()
         self._quiet.step_ended(ended_at)

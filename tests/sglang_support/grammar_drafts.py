@@ -1,12 +1,15 @@
 """Run on SGLang's interpreter: drafts under SGLang's own grammars (its xgrammar backend over the bundled tokenizer,
 as the server builds them) obey each grammar at every node of the tree, which SGLang verifies whole, and leave the
-grammars where they stood; without them the same draft leaves the grammars. Prints "obeyed"."""
+grammars where they stood; without them the same draft leaves the grammars. At the next step, the verify masks our
+shim builds over those trees (reusing what the draft read, or not) equal SGLang's own ``generate_token_bitmask``, also
+over the unmasked draft's trees. Prints "obeyed"."""
 import json
 import os
 import types
 
 import torch
 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+from sglang.srt.speculative.spec_utils import generate_token_bitmask
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3_plugin.checkpoint import load_draft
@@ -14,7 +17,8 @@ from eagle3_plugin.config import Eagle3Config
 from eagle3_plugin.output_rules import drafting_rules
 from eagle3_plugin.rng import RowRandom
 from eagle3_plugin.sampler import SamplingParams
-from eagle3_plugin.sglang.grammars import draft_grammars
+from eagle3_plugin.sglang.grammars import draft_grammars, tree_bitmask
+from eagle3_plugin.sglang.verify import _links
 from eagle3_plugin.speculator import DraftKV, DraftRows, Speculator, TreeShape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,7 +68,8 @@ def draft_trees(reqs, masked: bool):
     speculator = Speculator(draft, Eagle3Config(depth=5, top_k=8, total_tokens=32))
     with torch.inference_mode(), draft_grammars(reqs, emitted, vocab) as grammars:
         rules = drafting_rules(None, grammars if masked else None, vocab, emitted)
-        return speculator.step(kv, rows, SamplingParams.uniform(b), RowRandom(torch.Generator(), {}), SHAPE, rules)
+        tree = speculator.step(kv, rows, SamplingParams.uniform(b), RowRandom(torch.Generator(), {}), SHAPE, rules)
+    return tree, {reqs[row].rid: kept for row, kept in grammars.kept.items()}
 
 
 def broken_nodes(tree, row) -> tuple[int, int]:
@@ -86,10 +91,10 @@ def broken_nodes(tree, row) -> tuple[int, int]:
     return broken, checked
 
 
-reqs = [types.SimpleNamespace(grammar=None if spec is None else grammar(row, output[row]))
+reqs = [types.SimpleNamespace(rid=f"r{row}", grammar=None if spec is None else grammar(row, output[row]))
         for row, (spec, _) in enumerate(ROWS)]
 before = [None if r.grammar is None else allowed(r.grammar) for r in reqs]
-masked, unmasked = draft_trees(reqs, True), draft_trees(reqs, False)
+(masked, kept), (unmasked, _) = draft_trees(reqs, True), draft_trees(reqs, False)
 after = [None if r.grammar is None else allowed(r.grammar) for r in reqs]
 assert all(a is None or torch.equal(a, b) for a, b in zip(after, before)), "the grammars were left advanced"
 for row, (spec, _) in enumerate(ROWS):
@@ -98,4 +103,14 @@ for row, (spec, _) in enumerate(ROWS):
     broken, checked = broken_nodes(masked, row)
     assert checked >= 10 and broken == 0, (row, broken, checked)
     assert broken_nodes(unmasked, row)[0] > 0, row  # the test means something: the free draft leaves the grammar
+for r, e in zip(reqs, emitted):  # the next step: SGLang has advanced each grammar by the step's tokens
+    if r.grammar is not None:
+        for token in e:
+            r.grammar.accept_token(token)
+assert kept and all(len(paths) >= 20 for paths in kept.values()), {rid: len(p) for rid, p in kept.items()}
+for tree, reused in ((masked, kept), (masked, {}), (unmasked, {})):
+    links = _links(tree)
+    theirs, _ = generate_token_bitmask(reqs, *links, tree.tokens, vocab)
+    ours, _ = tree_bitmask(reqs, *links, tree.tokens, vocab, reused)
+    assert torch.equal(ours, theirs), (ours != theirs).any(1).nonzero()[:, 0].tolist()
 print("obeyed")
