@@ -160,7 +160,8 @@ def test_drafts_obey_sglangs_own_grammars_at_every_tree_node():
     """SGLang verifies the whole tree under a request's grammar, so the draft reads the grammar at every node: with
     SGLang's own grammar objects (its xgrammar backend, the bundled tokenizer) every node a grammar row drafts obeys
     it (JSON schema, regex, EBNF), the grammars are left where they stood, and the same draft without them does not
-    obey them (tests/sglang_support/grammar_drafts.py)."""
+    obey them. At the next step the verify masks our shim builds, reusing what the draft read, equal SGLang's own
+    (tests/sglang_support/grammar_drafts.py)."""
     proc = subprocess.run([SGLANG_PYTHON, GRAMMAR_DRAFTS], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "obeyed", proc.stderr[-3000:]
 
