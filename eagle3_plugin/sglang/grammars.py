@@ -26,7 +26,7 @@ import torch
 
 from ..grammar_drafts import DraftGrammars, PathWalk
 
-_kept: Optional[dict] = None  # while our worker verifies: {rid: {path: packed mask}}, what its last drafting read
+_kept: Optional[dict] = None  # while our worker verifies: {rid: {path: packed mask}}, what drafting the trees read
 
 
 def draft_grammars(reqs: list, emitted: list[list[int]], vocab_size: int) -> DraftGrammars:

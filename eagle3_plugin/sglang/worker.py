@@ -106,7 +106,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         self._seeded: dict[str, torch.Generator] = {}
         self._known: set[str] = set()
         self._draft_kv = None  # SGLang's draft pool, allocated after the workers are built
-        self._grammar_masks: dict = {}  # {rid: {path: packed mask}}: what the last drafting read (:mod:`.grammars`)
+        self._grammar_masks: dict = {}  # {rid: {path: packed mask}}: what drafting its tree read (:mod:`.grammars`)
         self.timings = PluginTimings()
         self._timings_file = os.environ.get(FILE_ENV)
         logger.info("eagle3-plugin worker: %s, capture ids %s (ours), tree sampler %s, %s budget", self.eagle3.mode,
@@ -176,7 +176,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         root_position = batch.seq_lens.to(torch.long).clone()
         batch.spec_info = verify_input
         self.timings.prepare += time.perf_counter() - began
-        with verifying_with(self._grammar_masks):  # the masks the last drafting read, for SGLang's verify masks
+        with verifying_with(self._grammar_masks):  # the masks drafting the trees read, for SGLang's verify masks
             result = self.verify(batch, grammar_barrier=grammar_barrier)
         self.timings.verify += verify_input.seconds
         verdict, n = verify_input.verdict, trees.size
@@ -237,7 +237,12 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         with (draft_grammars(batch.reqs, emitted, self.vocab_size) if masked else contextlib.nullcontext()) as grammars:
             rules = drafting_rules(rules, grammars, self.vocab_size, emitted)
             trees = self.speculator.step(self._draft_kv, rows, params, random, shape, rules)
-        self._grammar_masks = {} if grammars is None else {rids[row]: kept for row, kept in grammars.kept.items()}
+        kept = {} if grammars is None else grammars.kept
+        for row, rid in enumerate(rids):  # each request's masks go with its latest tree
+            if row in kept:
+                self._grammar_masks[rid] = kept[row]
+            else:
+                self._grammar_masks.pop(rid, None)
         self.proposed.set(trees if trees is not None else DraftTree.root_only(rows.roots), rids)
         ended_at = time.perf_counter()
         self._quiet.step_ended(ended_at)
@@ -295,6 +300,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
 
     def _forget(self, rid: str) -> None:
         self.proposed.drop([rid])
+        self._grammar_masks.pop(rid, None)
         self.budget.finished([rid])
         self._seeded.pop(rid, None)
         self._known.discard(rid)
