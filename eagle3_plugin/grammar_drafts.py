@@ -46,9 +46,9 @@ def _unpack(bitmask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 class DraftGrammars:
     """With it, the rows' matchers (``{row: matcher}``) stand after the tokens the step emitted, read as the core's
     ``PathGrammars`` (None: no row's is: each was refused an emitted token or has ended); on exit they are rolled
-    back. ``kept``: each row's packed mask (xgrammar's bitmask row) after each path it was asked about, ``{row:
-    {path: mask}}``, all ones where the path leaves the grammar or ends it (an engine that verifies the tree under
-    the same grammar can reuse them)."""
+    back. ``kept`` (``whole_tree`` only): each row's packed mask (xgrammar's bitmask row) after each path it was asked
+    about, ``{row: {path: mask}}``, all ones where the path leaves the grammar or ends it (the engine verifies the
+    tree under the same grammar and can reuse them)."""
 
     def __init__(self, matchers: dict, emitted: list[list[int]], vocab_size: int, whole_tree: bool):
         self._matchers, self._emitted, self.vocab_size, self.whole_tree = matchers, emitted, vocab_size, whole_tree
@@ -74,8 +74,9 @@ class DraftGrammars:
                       columns: Optional[torch.Tensor] = None) -> torch.Tensor:
         bitmask = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)  # all allowed
         fill_bitmasks(bitmask, [(rows[i], self._matchers[rows[i]], paths[i], i) for i in range(len(rows))])
-        for i, (row, path) in enumerate(zip(rows, paths)):
-            self.kept.setdefault(row, {})[tuple(path)] = bitmask[i]
+        if self.whole_tree:  # the engine verifies these nodes under the same grammar: it may reuse the masks
+            for i, (row, path) in enumerate(zip(rows, paths)):
+                self.kept.setdefault(row, {})[tuple(path)] = bitmask[i]
         return _unpack(bitmask, torch.arange(self.vocab_size) if columns is None else columns.cpu())
 
 
@@ -113,11 +114,10 @@ class PathWalk:
         if common < len(self.path):
             self.matcher.rollback(len(self.path) - common)
             del self.path[common:]
-        for token in path[common:]:
-            if self.matcher.is_terminated() or not self.matcher.accept_token(token):
-                return False
-            self.path.append(token)
-        return not self.matcher.is_terminated()
+        rest = path[common:]
+        accepted = advance(self.matcher, rest)
+        self.path += rest[:accepted]
+        return accepted == len(rest) and not self.matcher.is_terminated()
 
     def leave(self) -> None:
         if self.path:

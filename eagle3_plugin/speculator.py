@@ -376,11 +376,10 @@ class _LevelExpander:
 class _RuledExpander:
     """An ``expand`` callback whose draft logits obey the rows' output rules meant for a draft (allowed ids, a grammar,
     bad words, ``min_tokens``, a bias: :meth:`~eagle3_plugin.output_rules.OutputRules.for_draft`), each frontier node's
-    for its own path (a grammar's at the nodes the engine verifies under it), so the draft proposes only what the
-    target may emit
-    (acceptance; verification applies every rule to the target either way). Penalties are left out (see ``for_draft``;
-    on the bundled checkpoint, 12 prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round, frequency 0.5 3.49 ->
-    3.40). The draft's distribution is the one it draws from, so sampled trees stay lossless.
+    for its own path (a grammar's at the nodes the engine verifies under it), so the draft proposes only what the target
+    may emit (acceptance; verification applies every rule to the target either way). Penalties are left out (see
+    ``for_draft``; on the bundled checkpoint, 12 prompts, greedy: frequency 1.5 2.62 -> 2.83 tokens a round, frequency
+    0.5 3.49 -> 3.40). The draft's distribution is the one it draws from, so sampled trees stay lossless.
 
     A masked id gets :data:`MASKED_DRAFT_LOGIT` (ramped), not -inf: a node with fewer allowed ids than ``top_k`` still
     grows ``top_k`` children, and the tree's scores must stay finite and fall strictly below their parent's (an -inf
