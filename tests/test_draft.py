@@ -53,4 +53,4 @@ def test_masked_attention_reads_any_layout_of_the_kernel_output(monkeypatch):
     for layout in (kernel, lambda *a, **kw: kernel(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2)):
         monkeypatch.setattr(F, "scaled_dot_product_attention", layout)
         out = masked_attention(q, k, v, grouped_mask(allowed, 2, torch.float32), 0.35)
-        torch.testing.assert_close(out.double(), expected)
+        torch.testing.assert_close(out, expected.float())  # float32's tolerance: kernels round differently by ISA
