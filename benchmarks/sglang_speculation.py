@@ -16,7 +16,8 @@ This VM's speed drifts by tens of percent within minutes, so servers measured on
 their own spell. The no-speculation server stays up through the run and each other setting's server is up beside it
 in turn: for ``--rounds`` rounds the two are measured one after the other at each level (who goes first alternates),
 and a setting's ratio is the median of its rounds' ratios to the no-speculation pass beside it. Every server runs
-with ``--sleep-on-idle``: an idle SGLang scheduler otherwise spins a core, which would slow the one being measured.
+with ``--sleep-on-idle`` (``tests/sglang_support``'s ``CPU_ARGS``): an idle SGLang scheduler otherwise spins a core,
+which would slow the one being measured.
 Tokens/s are medians of rounds (no speculation's: of every round it ran).
 
 MAL = 1 + accepted drafts / verify rounds (SGLang's ``spec_num_correct_drafts`` / ``spec_verify_ct``).
@@ -87,13 +88,19 @@ def main(argv=None) -> int:
         levels = [int(c) for c in a.concurrency.split(",")]
 
         def launch(index: int, name: str, args: list, plugins):
-            """Setting ``name``'s server (not started yet) and the file its worker's timings go to."""
+            """Setting ``name``'s server (not started yet) and the file our worker's timings go to (None where the
+            server runs no worker of ours: no speculation, stock EAGLE3)."""
             print(f"[{name}] starting the server ...", file=sys.stderr)
-            timings = os.environ[FILE_ENV] = os.path.join(tmp, f"timings-{index}.json")  # in the server's environment
+            timings = None
+            if args and plugins is None:
+                timings = os.environ[FILE_ENV] = os.path.join(tmp, f"timings-{index}.json")  # the server's environment
+            else:
+                os.environ.pop(FILE_ENV, None)
             log = os.path.join(a.log_dir, f"bench-sglang-{index}.log")
-            return SGLangServer(a.target, ["--sleep-on-idle", *args], log_path=log, plugins=plugins), timings
+            return SGLangServer(a.target, args, log_path=log, plugins=plugins), timings
 
-        def measure(server, timings_file: str, level: int) -> dict:
+        def measure(server, timings_file, level: int) -> dict:
+            """One pass of every prompt, ``level`` at a time; ``ms``: our worker's timings over it (or None)."""
             before = _timings(timings_file, PluginTimings)
             began = time.perf_counter()
             with ThreadPoolExecutor(max_workers=level) as pool:
@@ -101,8 +108,9 @@ def main(argv=None) -> int:
             seconds = time.perf_counter() - began
             after = _timings(timings_file, PluginTimings)
             tokens = [o["output_ids"] for o in outs]
-            return {"tps": sum(map(len, tokens)) / seconds, "tokens": tokens, "outs": outs,
-                    "ms": PluginTimings(*(x - y for x, y in zip(vars(after).values(), vars(before).values())))}
+            ms = None if timings_file is None else \
+                PluginTimings(*(x - y for x, y in zip(vars(after).values(), vars(before).values())))
+            return {"tps": sum(map(len, tokens)) / seconds, "tokens": tokens, "outs": outs, "ms": ms}
 
         names = list(settings)
         plain_cells = {level: [] for level in levels}
@@ -130,13 +138,12 @@ def main(argv=None) -> int:
                             ratios.append(cell["tps"] / base["tps"])
                             print(f"[{name}] {level} in flight, round {round_ + 1}: {cell['tps']:.1f} tokens/s, no "
                                   f"speculation {base['tps']:.1f}", file=sys.stderr)
-                        row["cells"][level] = _summary(passes, ratios, True, PluginTimings if plugins is None else None)
+                        row["cells"][level] = _summary(passes, ratios)
                     if at_t1:
                         row["t1_mal"] = mal(server.generate([q for q in prompts for _ in range(a.samples)], sampled,
                                                             timeout=3600))
                     rows.append(row)
-        rows[0]["cells"] = {level: _summary(cells, [1.0] * len(cells), False)
-                            for level, cells in plain_cells.items()}
+        rows[0]["cells"] = {level: _summary(cells) for level, cells in plain_cells.items()}
         reference = plain_cells[levels[0]][0]["tokens"]
         for r in rows:
             for c in r["cells"].values():
@@ -161,18 +168,22 @@ def main(argv=None) -> int:
     return 0 if all(c["identical"] for r in rows for c in r["cells"].values()) else 1
 
 
-def _summary(passes: list, ratios: list, speculative: bool, timings=None) -> dict:
-    """One cell from its rounds' ``passes`` and their ``ratios`` to no speculation: median tokens/s and ratio, MAL
-    (``speculative``), our worker's timings summed over the rounds (``timings``: their class, for our worker's
-    settings), every pass's outputs (``all_tokens``, for the identity check)."""
-    ms = timings(*map(sum, zip(*(vars(p["ms"]).values() for p in passes)))) if timings else None
-    return {"tps": statistics.median(p["tps"] for p in passes), "ratio": statistics.median(ratios),
-            "mal": mal(passes[-1]["outs"]) if speculative else None, "ms": ms,
+def _summary(passes: list, ratios: list | None = None) -> dict:
+    """One cell from its rounds' ``passes`` and their ``ratios`` to no speculation (None: the no-speculation row
+    itself): median tokens/s and ratio, MAL, our worker's timings summed over the rounds (where it ran), every
+    pass's outputs (``all_tokens``, for the identity check)."""
+    ms = None
+    if passes[0]["ms"] is not None:
+        ms = type(passes[0]["ms"])(*map(sum, zip(*(vars(p["ms"]).values() for p in passes))))
+    return {"tps": statistics.median(p["tps"] for p in passes), "ratio": statistics.median(ratios) if ratios else 1.0,
+            "mal": mal(passes[-1]["outs"]) if ratios else None, "ms": ms,
             "all_tokens": [p["tokens"] for p in passes]}
 
 
-def _timings(path: str, cls):
-    """The worker's cumulative timings (zeros before its first step, and for servers without our worker)."""
+def _timings(path, cls):
+    """Our worker's cumulative timings (zeros before its first step; None where ``path`` is None)."""
+    if path is None:
+        return None
     try:
         with open(path) as f:
             return cls(**json.load(f))

@@ -15,7 +15,9 @@ from eagle3_plugin.sglang import server as _server
 
 SUPPORT_DIR = os.path.dirname(os.path.abspath(__file__))
 STOCK_PLUGINS = "eagle3_test_amx"  # SGLANG_PLUGINS for stock SGLang: only the test platform plugin, not eagle3-plugin
-CPU_ARGS = ("--device", "cpu", "--dtype", "float32", "--mem-fraction-static", "0.15")
+# An idle SGLang scheduler polls without pause, a whole core busy (stop 57: two idle servers kept this 2-core VM 100%
+# busy, 1.7% with --sleep-on-idle), which slows whatever shares its core: the test beside it, another server.
+CPU_ARGS = ("--device", "cpu", "--dtype", "float32", "--mem-fraction-static", "0.15", "--sleep-on-idle")
 
 
 def server_env(base=None, plugins=None) -> dict:
