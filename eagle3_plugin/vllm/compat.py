@@ -28,12 +28,16 @@ REQUIRED_INTERNALS = (
     # our config -> vLLM's, in additional_config
     ("vllm.engine.arg_utils", "EngineArgs.create_engine_config", ()),
     ("vllm.engine.arg_utils", "EngineArgs", ("speculative_config", "additional_config", "tensor_parallel_size",
-                                             "pipeline_parallel_size", "data_parallel_size")),
+                                             "pipeline_parallel_size", "data_parallel_size", "kv_cache_dtype")),
     ("vllm.config.vllm", "VllmConfig", ("additional_config",)),
     # tree attention on the CPU backend
     ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl.forward",
      ("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output")),
     ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadata", ("query_start_loc", "seq_lens", "block_table")),
+    # the cache layout (ISA) a KV group's builder picks, and hands its layers, at start-up
+    ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadataBuilder.__init__",
+     ("kv_cache_spec", "layer_names", "vllm_config", "device")),
+    ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadataBuilder._set_isa_to_layers", ("layer_names",)),
     # the tree worker's runner hooks
     ("vllm.v1.worker.cpu_worker", "CPUModelRunner", None),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner.load_model", ()),

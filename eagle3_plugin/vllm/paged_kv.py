@@ -5,7 +5,8 @@ One layer's cache is ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``. 
 (block, head) holds its keys *element-major*, ``[head_size, block_size]``, then its values token-major,
 ``[block_size, head_size]`` (read back from ``cpu_attn_reshape_and_cache``; tests/vllm/test_vllm_paged_kv.py
 checks it against the kernel). Position ``p`` of a request lives in slot ``block_table[p // block_size] *
-block_size + p % block_size``. Other ISAs (AMX for bf16, vec16) pack blocks differently: refused.
+block_size + p % block_size``. Other ISAs pack blocks differently: an engine with our worker runs ``vec`` where
+vLLM would pick ``amx`` (bfloat16 on an AMX CPU) and refuses the others at start-up (:mod:`.tree_attention`).
 
 The draft's layer is vLLM's too (its EAGLE drafter's attention layer: vLLM budgets, allocates, frees and
 prefix-caches its blocks), but only our draft reads and writes it, so it is laid out for our reads: each slot's
@@ -28,8 +29,8 @@ class UnsupportedKVLayout(RuntimeError):
 def check_isa(isa: str) -> None:
     if isa not in SUPPORTED_ISAS:
         raise UnsupportedKVLayout(f"eagle3-plugin's tree attention reads the CPU_ATTN cache in the layout of the "
-                                  f"{', '.join(SUPPORTED_ISAS)} ISA; this layer uses {isa!r}: serve in float32 "
-                                  "with a head size that is a multiple of 32, or use vLLM's native chain")
+                                  f"{', '.join(SUPPORTED_ISAS)} ISA; this engine's is {isa!r}: serve a target whose "
+                                  "head size is a multiple of 32 on x86, or use vLLM's native chain")
 
 
 def key_value_caches(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

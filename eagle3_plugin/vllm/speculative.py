@@ -3,7 +3,8 @@
 vLLM keeps its own speculative-config schema; our settings travel in ``additional_config["eagle3"]``, the
 field vLLM reserves for plugins, which reaches every worker. With the plugin loaded, ``LLM(...,
 speculative_config=<our dict>)`` works directly: :func:`install` translates it when vLLM builds its
-config. vLLM's own dict (with ``method``) passes through untouched and runs vLLM's native EAGLE-3 chain.
+config, and so does a path to our ``eagle3.json`` (or a JSON string), as ``--speculative-config`` takes. vLLM's own
+dict (with ``method``) passes through untouched and runs vLLM's native EAGLE-3 chain.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def install() -> None:
         return
 
     def create_engine_config(self, *args, **kwargs):
+        if isinstance(self.speculative_config, str):  # LLM(speculative_config="eagle3.json"), as on the command line
+            self.speculative_config = speculative_config(self.speculative_config)
         if isinstance(self.speculative_config, dict) and is_ours(self.speculative_config):
             sizes = (self.pipeline_parallel_size, self.data_parallel_size)
             if sizes != (1, 1):
@@ -101,6 +104,10 @@ def install() -> None:
                     f"eagle3-plugin's worker runs with pipeline and data parallel size 1 (got {sizes}; tensor "
                     "parallelism is supported): serve with those, or with vLLM's native EAGLE-3 chain (method: "
                     "eagle3)")
+            if self.kv_cache_dtype != "auto":  # its tree attention and draft read the cache as the model's dtype
+                raise Eagle3Error(
+                    f"eagle3-plugin's worker keeps the KV cache in the model's dtype (kv_cache_dtype 'auto', got "
+                    f"{self.kv_cache_dtype!r}): serve with that, or with vLLM's native EAGLE-3 chain (method: eagle3)")
             self.speculative_config, extra = engine_settings(self.speculative_config)
             self.additional_config = {**(self.additional_config or {}), **extra}
         return original(self, *args, **kwargs)

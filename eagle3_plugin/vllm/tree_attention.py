@@ -23,6 +23,7 @@ import torch
 
 from ..draft import grouped_mask, masked_attention
 from . import paged_kv
+from .speculative import ADDITIONAL_CONFIG_KEY
 
 METADATA_ATTRIBUTE = "eagle3_tree"
 
@@ -90,13 +91,15 @@ class TreeAttention:
 
 
 def install() -> None:
-    """Wrap ``CPUAttentionBackendImpl.forward``: tree requests' rows are computed here, the kernel runs for the rest."""
+    """Wrap ``CPUAttentionBackendImpl.forward``: tree requests' rows are computed here, the kernel runs for the rest.
+    And in engines that run our worker, have the backend lay the cache out as we read it (:func:`_read_layout`)."""
     from vllm.v1.attention.backend import AttentionType
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl, CPUAttentionMetadataBuilder
 
     original = CPUAttentionBackendImpl.forward
     if getattr(original, "_eagle3_wrapped", False):
         return
+    _read_layout(CPUAttentionMetadataBuilder)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         tree = getattr(attn_metadata, METADATA_ATTRIBUTE, None)
@@ -105,7 +108,6 @@ def install() -> None:
         if self.sliding_window != -1 or self.logits_soft_cap or self.alibi_slopes is not None or self.sinks is not None:
             raise NotImplementedError("eagle3-plugin tree attention supports plain causal attention only "
                                       "(no sliding window, soft cap, ALiBi or sinks)")
-        paged_kv.check_isa(layer.isa)
         if not tree.whole_step:  # the kernel computes the other rows (the tree rows' it computes are redone)
             original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         heads, d = self.num_heads, self.head_size
@@ -115,3 +117,23 @@ def install() -> None:
 
     forward._eagle3_wrapped = True
     CPUAttentionBackendImpl.forward = forward
+
+
+def _read_layout(builder_cls) -> None:
+    """In an engine with our worker (``additional_config["eagle3"]``), the CPU backend's cache layout (its ISA, chosen per
+    KV group when the group's metadata builder is made, at start-up) must be one :mod:`.paged_kv` reads. vLLM picks
+    ``amx`` for bfloat16 on CPUs with AMX; its ``vec`` kernels take bfloat16 too, in the layout we read, so such an
+    engine runs them instead. Any other layout is refused here, at start-up, not at the first tree step (a step that
+    raises takes the whole engine down)."""
+    original = builder_cls.__init__
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        original(self, kv_cache_spec, layer_names, vllm_config, device)
+        if ADDITIONAL_CONFIG_KEY not in (vllm_config.additional_config or {}):
+            return
+        if self.isa == "amx":
+            self.isa = "vec"
+            self._set_isa_to_layers(layer_names)
+        paged_kv.check_isa(self.isa)
+
+    builder_cls.__init__ = __init__

@@ -13,9 +13,11 @@ off vLLM's slot mapping) against the general path's (each row's slot table), and
 With any of these, the engine runs in this process, where the overrides apply.
 ``count_draft_requests``: the engine runs in this process and the result counts the engine core's requests for
 draft tokens (``take_draft_token_ids``, a round trip to the worker's process when it has one).
-``rank_timings``: the result holds our worker's timings (steps, and those that drafted the chain or nothing) from
-every rank of the engine, after the last batch. ``diverge_rank``: that tensor-parallel rank's worker proposes other
-draft tokens than rank 0's from the start (a rank gone astray; the engine must stop, not hang).
+``rank_timings``: the result holds our worker's timings (steps, and those that drafted the chain or nothing) from every
+rank of the engine, after the last batch. ``attention_isa: "vec"``: the CPU backend runs its ``vec`` kernels where it
+would pick ``amx`` (bfloat16 on an AMX CPU), as an engine with our worker does; ``attention_isas``: the result lists the
+cache layouts (ISAs) the engine's attention layers use. ``diverge_rank``: that tensor-parallel rank's worker proposes
+other draft tokens than rank 0's from the start (a rank gone astray; the engine must stop, not hang).
 """
 
 import json
@@ -108,12 +110,33 @@ def count_draft_requests(llm) -> list:
     return count
 
 
+def vec_instead_of_amx() -> None:
+    """The CPU backend's ``vec`` kernels where it would pick ``amx`` (what our worker's engines do)."""
+    from vllm.v1.attention.backends import cpu_attn
+    pick = cpu_attn._get_attn_isa
+
+    def isa(*args, **kwargs):
+        chosen = pick(*args, **kwargs)
+        return "vec" if chosen == "amx" else chosen
+
+    cpu_attn._get_attn_isa = isa
+
+
+def attention_isas(worker) -> list:
+    """For ``collective_rpc``: the ISAs (cache layouts) of the worker's attention layers."""
+    context = worker.model_runner.compilation_config.static_forward_context
+    return sorted({layer.isa for layer in context.values() if hasattr(layer, "isa")})
+
+
 def main() -> None:
     spec = json.load(sys.stdin)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    in_process = ("shape_cycle", "defer_steps", "check_entries", "count_draft_requests")
+    in_process = ("shape_cycle", "defer_steps", "check_entries", "count_draft_requests", "attention_isa",
+                  "attention_isas")
     if any(spec.get(name) for name in in_process):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if spec.get("attention_isa") == "vec":
+            vec_instead_of_amx()
         if spec.get("check_entries"):
             check_entries()
         if spec.get("shape_cycle"):
@@ -158,6 +181,8 @@ def main() -> None:
     if spec.get("rank_timings"):
         from eagle3_plugin.vllm.tree_runner import read_timings
         result["rank_timings"] = llm.collective_rpc(read_timings)
+    if spec.get("attention_isas"):
+        result["attention_isas"] = llm.collective_rpc(attention_isas)[0]
     print("RESULT " + json.dumps(result))
 
 

@@ -58,9 +58,31 @@ def test_vllm_cli_reads_our_file_and_passes_json_through(chain_file):
     assert inline.speculative_config == {"mode": "chain", "depth": 2}
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_a_quantized_kv_cache_is_refused_with_one_message(kv_cache_dtype):
+    """Our tree attention and draft read the cache as the model's dtype (an fp8 cache took the engine down at its first
+    tree step)."""
+    from vllm.engine.arg_utils import EngineArgs
+    args = EngineArgs(model=TARGET, speculative_config={"draft": DRAFT, "mode": "chain", "depth": 3},
+                      kv_cache_dtype=kv_cache_dtype)
+    with pytest.raises(Eagle3Error, match=f"kv_cache_dtype 'auto', got '{kv_cache_dtype}'"):
+        args.create_engine_config()
+
+
 @pytest.mark.parametrize("parallel", [dict(pipeline_parallel_size=2), dict(data_parallel_size=2)])
 def test_pipeline_and_data_parallel_engines_are_refused_with_one_message(parallel):
     from vllm.engine.arg_utils import EngineArgs
     args = EngineArgs(model=TARGET, speculative_config={"draft": DRAFT, "mode": "chain", "depth": 3}, **parallel)
     with pytest.raises(Eagle3Error, match="pipeline and data parallel size 1"):
         args.create_engine_config()
+
+
+def test_a_path_in_engine_args_is_read_as_on_the_command_line(chain_file):
+    """``LLM(speculative_config="eagle3.json")`` (vLLM itself takes only a dict there) gets our config; a string that is
+    neither a file nor JSON gets our error, not vLLM's ``AttributeError``."""
+    from vllm.engine.arg_utils import EngineArgs
+    config = EngineArgs(model=TARGET, dtype="float32", speculative_config=chain_file).create_engine_config()
+    assert config.speculative_config.num_speculative_tokens == 4
+    assert config.additional_config["eagle3"]["mode"] == "chain"
+    with pytest.raises(Eagle3Error, match="neither a file nor JSON"):
+        EngineArgs(model=TARGET, speculative_config="no/such/eagle3.json").create_engine_config()
