@@ -120,20 +120,27 @@ def install() -> None:
 
 
 def _read_layout(builder_cls) -> None:
-    """In an engine with our worker (``additional_config["eagle3"]``), the CPU backend's cache layout (its ISA, chosen per
-    KV group when the group's metadata builder is made, at start-up) must be one :mod:`.paged_kv` reads. vLLM picks
-    ``amx`` for bfloat16 on CPUs with AMX; its ``vec`` kernels take bfloat16 too, in the layout we read, so such an
-    engine runs them instead. Any other layout is refused here, at start-up, not at the first tree step (a step that
-    raises takes the whole engine down)."""
+    """In an engine with our worker (``additional_config["eagle3"]``), the CPU backend's cache layout (its ISA, chosen
+    per KV group when the group's metadata builder is made, at start-up) must be one :mod:`.paged_kv` reads. vLLM
+    picks ``amx`` for bfloat16 on CPUs with AMX; its ``vec`` kernels take bfloat16 too, in the layout we read, so
+    such an engine runs them instead. Any other layout is refused here, at start-up, not at the first tree step (a
+    step that raises takes the whole engine down)."""
     original = builder_cls.__init__
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         original(self, kv_cache_spec, layer_names, vllm_config, device)
         if ADDITIONAL_CONFIG_KEY not in (vllm_config.additional_config or {}):
             return
-        if self.isa == "amx":
-            self.isa = "vec"
+        runs = layout_we_read(self.isa)
+        if runs != self.isa:
+            self.isa = runs
             self._set_isa_to_layers(layer_names)
         paged_kv.check_isa(self.isa)
 
     builder_cls.__init__ = __init__
+
+
+def layout_we_read(isa: str) -> str:
+    """The CPU backend's ISA an engine with our worker runs where vLLM picks ``isa``: ``vec`` for ``amx``, else the
+    same (refused at start-up unless :mod:`.paged_kv` reads it)."""
+    return "vec" if isa == "amx" else isa

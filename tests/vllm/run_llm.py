@@ -111,15 +111,11 @@ def count_draft_requests(llm) -> list:
 
 
 def vec_instead_of_amx() -> None:
-    """The CPU backend's ``vec`` kernels where it would pick ``amx`` (what our worker's engines do)."""
+    """The CPU backend's ISA as an engine with our worker runs it (``vec`` where vLLM would pick ``amx``)."""
     from vllm.v1.attention.backends import cpu_attn
+    from eagle3_plugin.vllm.tree_attention import layout_we_read
     pick = cpu_attn._get_attn_isa
-
-    def isa(*args, **kwargs):
-        chosen = pick(*args, **kwargs)
-        return "vec" if chosen == "amx" else chosen
-
-    cpu_attn._get_attn_isa = isa
+    cpu_attn._get_attn_isa = lambda *args, **kwargs: layout_we_read(pick(*args, **kwargs))
 
 
 def attention_isas(worker) -> list:
