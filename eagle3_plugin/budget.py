@@ -48,7 +48,8 @@ mean holds :data:`MIN_ROUNDS` rounds; no speculation's, on until its cost is rea
 and still not chosen, waits twice as long for its next probe (up to :data:`PROBE_EVERY_MAX` steps), and is not probed
 at a batch size where it would lose even at its cost for half as many requests or at the cost of a shape verifying fewer
 tokens, so a tree that loses under load is not paid for every few hundred steps, while no speculation, whose probe
-costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps. The costs of a shape not run for
+costs a few steps' drafts, is probed every :data:`PROBE_EVERY` steps; nor is a shape whose acceptance mean started
+afresh run to refill it where it would lose even accepting its whole depth every round. The costs of a shape not run for
 :data:`STALE_STEPS` steps are stale at the batch size it is next run at (its last probe there may have hit a slow
 spell the drift did not see): once a few of its new steps there are in, they are read alone (until then, the stale
 ones at today's speed).
@@ -175,6 +176,8 @@ class TreeBudget:
                                                                                      shapes=shapes):
                     self.probe_left[s] = 0  # a probe carried into a load where the shape cannot win: ended
                     continue
+                if s != NONE and self.probe_left[s] == 0 and self.would_lose(s, batch, shapes=shapes, best_case=True):
+                    continue  # a young acceptance mean is not refilled where even a whole depth a round would lose
                 self.probe_left[s] = max(self.probe_left[s] - 1, 0)
                 if s == NONE and self.probe_left[s] == 0 and self._probe_unread(s, batch):
                     self.probe_left[s] = 1
@@ -194,10 +197,12 @@ class TreeBudget:
         probe goes on so (its steps draft nothing)."""
         return not self.verify_cost[s].covers(batch) and self.steps - self.last_probe[s] < PROBE_STEPS_MAX
 
-    def would_lose(self, s: TreeShape, batch: int, below: bool = False, shapes: Optional[list] = None) -> bool:
+    def would_lose(self, s: TreeShape, batch: int, below: bool = False, shapes: Optional[list] = None,
+                   best_case: bool = False) -> bool:
         """Whether a probe of ``s`` at ``batch`` could not change the choice, so is not worth paying for (a tree step
         at 16 to 32 requests costs 3 to 6 plain ones): ``s`` loses even at its lowest plausible cost there while each
-        rival costs its estimate. False when it cannot tell.
+        rival costs its estimate (``best_case``: and even accepting its whole depth every round, whatever its own
+        acceptance mean says). False when it cannot tell.
 
         - ``s``'s lowest cost: the larger of its :meth:`Line.floor` (from a smaller batch, or a larger one scaled
           down by the load; ``below``: from half as many requests or fewer, so a periodic probe still refreshes a
@@ -226,9 +231,10 @@ class TreeBudget:
                 rivals.append(self.tokens_per_second(o, batch, verify_seconds=self.drift(o, batch) * ceiling))
             elif o.total_tokens < s.total_tokens:  # measured near no load like this one lately: its estimate
                 rivals.append(self.tokens_per_second(o, batch))
-        if floor is None or self.expected_accepted(s) is None or not rivals:
+        accepted = float(s.depth) if best_case else self.expected_accepted(s)
+        if floor is None or accepted is None or not rivals:
             return False
-        return self.tokens_per_second(s, batch, verify_seconds=floor) < max(rivals)
+        return self.tokens_per_second(s, batch, verify_seconds=floor, accepted=accepted) < max(rivals)
 
     def _measured(self, s: TreeShape, min_rounds: int = MIN_ROUNDS) -> bool:
         """Whether ``s`` has enough measurements to be judged on: :data:`MIN_OBSERVATIONS` step costs, and (but for
@@ -267,14 +273,16 @@ class TreeBudget:
                 out.update(wave_tokens_per_s=round(self.wave_tokens_per_second(s, wave), 1))
         return out
 
-    def tokens_per_second(self, s: TreeShape, batch: int, verify_seconds: Optional[float] = None) -> float:
+    def tokens_per_second(self, s: TreeShape, batch: int, verify_seconds: Optional[float] = None,
+                          accepted: Optional[float] = None) -> float:
         """Expected tokens per second of ``s`` for ``batch`` requests; ``verify_seconds``: the step's cost but drafting,
-        instead of its fitted line (a bound, :meth:`would_lose`)."""
+        instead of its fitted line, and with it ``accepted``: draft tokens a round, instead of the expected (bounds,
+        :meth:`would_lose`)."""
         if verify_seconds is None:
             return self._memoized(("tokens_per_second", s, batch),
                                   lambda: self.tokens_per_second(s, batch, self.verify_seconds(s, batch)))
         seconds = verify_seconds + self.draft_seconds(s, batch)
-        return batch * (1 + self.expected_accepted(s)) / max(seconds, 1e-9)
+        return batch * (1 + (self.expected_accepted(s) if accepted is None else accepted)) / max(seconds, 1e-9)
 
     def _wave_factor(self, s: TreeShape, batch: int, wave: Wave) -> float:
         """What share of a step's tokens per second ``s`` keeps until the closed ``wave`` ends: its

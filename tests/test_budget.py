@@ -568,8 +568,10 @@ def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_sha
     """Stop 38's run G: a probe of the tree began at one request, where it may win, and its acceptance mean had
     started afresh; the batch of one ended and 16 requests came before the mean held MIN_ROUNDS rounds, so the tree
     was drafted at 16 (5 steps at ~3 chain steps each). A probe carried to more than twice the load it began at ends
-    there when the shape would lose even at half that load; at its own load it goes on."""
+    there when the shape would lose even at half that load; at its own load, where it may win, it goes on."""
     budget, tree, chain = tree_measured_at_one_request()
+    budget.verify_cost[tree] = fitted(0.004, 0.0, batches=(1,))
+    budget.draft_costs[tree] = Line(0.001, 0.002)  # at one request 7 ms a step: it may win with 3 tokens a round
     budget.last_observed = {s: budget.steps for s in budget.shapes}
     budget.accepted[tree] = RoundMean()
     budget.accepted[tree].observe(torch.full((4,), 3.0), budget.steps)  # a fresh mean, 4 rounds: not measured
@@ -577,6 +579,24 @@ def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_sha
     assert budget.shape(1) == tree  # at the load it began at, the probe goes on
     assert budget.shape(16) != tree and budget.shape(16) == chain
 
+
+
+def test_a_young_acceptance_mean_is_not_refilled_where_the_shape_would_lose_even_accepting_its_whole_depth():
+    """This stop's run at 16 requests: the tree's acceptance mean had started afresh (not drafted for a while), so the
+    tree was run to refill it at the first open step at 16, where it had been probed before (5 tree steps a pass, each
+    ~6 plain ones: the auto budget 0.82x-0.93x no speculation where the chain alone read 0.94x-0.99x). Even accepting
+    its whole depth every round, at the least it can cost there (the chain's cost at 16: it verifies more tokens) the
+    tree loses to the chain: the chain is drafted instead."""
+    budget, tree, chain = tree_measured_at_one_request()
+    budget.last_observed = {s: budget.steps for s in budget.shapes}
+    budget.accepted[tree] = RoundMean()
+    budget.accepted[tree].observe(torch.full((4,), 3.0), budget.steps)  # a fresh mean, 4 rounds: not measured
+    budget.probe_batch[tree] = 16  # probed at 16 before: no probe carried into a larger load
+    floor = budget.verify_seconds(chain, 16)
+    assert budget.tokens_per_second(tree, 16, verify_seconds=floor, accepted=CONFIG.depth) < \
+        budget.tokens_per_second(chain, 16)
+    assert budget.would_lose(tree, 16, best_case=True)
+    assert [budget.shape(16) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
 
 def test_the_chain_inside_a_wide_tree_is_completed_past_the_depth_the_tree_held_it_to():
     """The chain alone accepts all 3 of its nodes. A wide tree (root; 1 and 2 under it; 3 under 1; 4 under 2) holds
