@@ -580,7 +580,6 @@ def test_a_probe_begun_at_a_small_batch_is_not_carried_into_a_load_where_the_sha
     assert budget.shape(16) != tree and budget.shape(16) == chain
 
 
-
 def test_a_young_acceptance_mean_is_not_refilled_where_the_shape_would_lose_even_accepting_its_whole_depth():
     """This stop's run at 16 requests: the tree's acceptance mean had started afresh (not drafted for a while), so the
     tree was run to refill it at the first open step at 16, where it had been probed before (5 tree steps a pass, each
@@ -597,6 +596,7 @@ def test_a_young_acceptance_mean_is_not_refilled_where_the_shape_would_lose_even
         budget.tokens_per_second(chain, 16)
     assert budget.would_lose(tree, 16, best_case=True)
     assert [budget.shape(16) for _ in range(PROBE_STEPS)] == [chain] * PROBE_STEPS
+
 
 def test_the_chain_inside_a_wide_tree_is_completed_past_the_depth_the_tree_held_it_to():
     """The chain alone accepts all 3 of its nodes. A wide tree (root; 1 and 2 under it; 3 under 1; 4 under 2) holds
