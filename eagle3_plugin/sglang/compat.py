@@ -57,7 +57,9 @@ REQUIRED_INTERNALS = (
       "num_tokens_for_logprob_per_req")),
     ("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode.NULL", None),
     ("sglang.srt.managers.schedule_batch", "ScheduleBatch",
-     ("reqs", "input_ids", "seq_lens", "prefix_lens", "extend_lens", "sampling_info", "forward_mode")),
+     ("reqs", "input_ids", "seq_lens", "prefix_lens", "extend_lens", "sampling_info", "forward_mode", "chunked_req")),
+    # a seeded request's first token (.first_tokens): SGLang's prefill draw, redrawn from the request's generator
+    ("sglang.srt.layers.sampler", "Sampler._sample_from_probs", ("probs", "sampling_info")),
     ("sglang.srt.sampling.sampling_params", "SamplingParams",
      ("temperature", "top_p", "top_k", "min_p", "sampling_seed", "frequency_penalty", "presence_penalty",
       "repetition_penalty", "min_new_tokens", "stop_token_ids")),

@@ -18,11 +18,12 @@ _WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 def _hooks():
     from sglang.srt.plugins.hook_registry import HookType
 
-    from . import grammars, settings, verify, waiting, worker
+    from . import first_tokens, grammars, settings, verify, waiting, worker
     return (
         (_WORKER, worker.TreeSpeculationWorker, HookType.REPLACE),
         ("sglang.srt.managers.scheduler.Scheduler.run_batch", waiting.count_waiting, HookType.BEFORE),
         ("sglang.srt.speculative.eagle_utils.eagle_sample", verify.eagle_sample, HookType.AROUND),
+        ("sglang.srt.layers.sampler.Sampler._sample_from_probs", first_tokens.sample_from_probs, HookType.AROUND),
         ("sglang.srt.speculative.spec_utils.build_grammar_vocab_mask", grammars.build_grammar_vocab_mask,
          HookType.AROUND),
         ("sglang.srt.model_executor.model_runner_components.attention_backend_setup."

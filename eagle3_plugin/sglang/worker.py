@@ -52,6 +52,7 @@ from ..timings import FILE_ENV, PluginTimings
 from ..tree import DraftTree
 from ..wave import QuietBatch
 from . import capture, settings
+from .first_tokens import drawing_seeded_rows
 from .grammars import draft_grammars, verifying_with
 from .output_rules import check_roots, output_rules
 from .verify import TreeVerifyInput, build_verify_input
@@ -132,7 +133,9 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
 
     def _prefill(self, batch, step_began: float):
         self._pending_record.release(None)
-        result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.NULL)
+        params, random = self._sampling(batch)
+        with drawing_seeded_rows(batch, params, random):  # a seeded request's first token from its own generator
+            result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.NULL)
         features = self.capture.features
         if features.shape[0] != len(batch.input_ids):
             raise RuntimeError(f"captured {features.shape[0]} tokens, the prefill ran {len(batch.input_ids)}")
@@ -152,8 +155,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         rules = output_rules(batch, self.vocab_size)
         if rules is not None:
             rules = rules.followed_by(emitted)
-        self._propose([req.rid for req in batch.reqs], rows, *self._sampling(batch), batch, step_began, rules,
-                      emitted)
+        self._propose([req.rid for req in batch.reqs], rows, params, random, batch, step_began, rules, emitted)
         self._drafted = None  # the next decode verifies this step's trees beside older ones
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = self._next_draft_input(result.next_token_ids)

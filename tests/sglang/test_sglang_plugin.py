@@ -6,6 +6,8 @@
   keeps. Stock SGLang
   verifies greedily on CPU whatever the temperature (``eagle_utils._verify_uses_greedy``) and fails the T = 1 test.
 - 20 concurrent requests, greedy and T = 1 mixed, all complete; the greedy ones equal plain greedy decoding.
+- A seeded request repeats its output whatever is served beside it or before it, its first token included (SGLang
+  draws that from its shared generator; our hook redraws it from the request's own).
 - Logprobs of the accepted tokens come back (SGLang computes them from the target's verify logits).
 - Penalties (frequency, presence, repetition), ``min_new_tokens``, ``logit_bias`` and grammars (a regex, a JSON
   schema, EBNF), alone and mixed: greedy outputs equal SGLang's without speculation, with its overlap scheduler off
@@ -135,6 +137,23 @@ def test_a_seeded_request_gives_the_same_output_alone_and_among_others(ours, pro
     others = [{"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}] * 5
     among = ours.generate(prompts[:6], [seeded] + others, timeout=1200)[0]["output_ids"]
     assert among == alone
+
+
+def test_seeded_requests_repeat_their_first_tokens_whatever_was_sampled_before(ours, prompts):
+    """SGLang draws a prompt's first token from its shared generator; ours redraws a seeded request's from its own,
+    and SGLang's logprobs read that token. Without the redraw, a sampled batch in between changes first tokens."""
+    seeded = [{"temperature": 1.0, "sampling_seed": 11 + i, "max_new_tokens": 3, "ignore_eos": True} for i in range(8)]
+    unseeded = [{"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True}] * 8
+    runs = []
+    for _ in range(2):
+        runs.append(post_json(ours.url + "/generate", {"input_ids": prompts[:8], "sampling_params": seeded,
+                                                       "return_logprob": True}, 600))
+        ours.generate(prompts[8:16], unseeded)
+    first, again = ([o["output_ids"] for o in run] for run in runs)
+    assert first == again
+    logprobs = [[t[:2] for t in o["meta_info"]["output_token_logprobs"]] for o in runs[0]]
+    assert [[token for _, token in row] for row in logprobs] == first
+    assert logprobs == [[t[:2] for t in o["meta_info"]["output_token_logprobs"]] for o in runs[1]]
 
 
 ODD_SETTINGS = [  # extremes SGLang's own checks let through, at T = 1 (a NaN in our sampler would stop the server)
