@@ -29,7 +29,7 @@ from bundled_args import ROOT, bundled_parser, bundled_prompts
 sys.path.insert(0, os.path.join(ROOT, "tests", "sglang_support"))
 from launch import CPU_ARGS, fixed_budget_config, server_env  # noqa: E402
 
-from eagle3_plugin.timings import FILE_ENV  # noqa: E402
+from eagle3_plugin.timings import FILE_ENV, PluginTimings  # noqa: E402
 
 SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                      "required": ["name", "age"]})
@@ -51,15 +51,6 @@ def served_package(env: dict) -> str:
                           text=True).stdout.strip()
 
 
-def worker_timings(path: str):
-    """The server's worker's cumulative timings (zeros before its first step)."""
-    from eagle3_plugin.timings import PluginTimings
-    if not os.path.exists(path):
-        return PluginTimings()
-    with open(path) as f:
-        return PluginTimings(**json.load(f))
-
-
 def passes(server, prompts: list, batch: int, max_new_tokens: int, timings: str) -> dict:
     """``{(grammar, requests): (tokens/s, MAL, outputs, the worker's draft ms a step)}`` from one pass over every
     grammar and batch (``timings``: where the server's worker writes its timings)."""
@@ -67,16 +58,15 @@ def passes(server, prompts: list, batch: int, max_new_tokens: int, timings: str)
     for name, grammar in GRAMMARS.items():
         for requests in (1, batch):
             params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **grammar}
-            before = worker_timings(timings)
+            before = PluginTimings.read(timings)
             began = time.perf_counter()
             with ThreadPoolExecutor(max_workers=requests) as pool:
                 outs = list(pool.map(lambda q: server.generate(q, params), prompts[:requests]))
             seconds = time.perf_counter() - began
-            after = worker_timings(timings)
             rounds = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
             mal = 1 + sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs) / rounds
             tokens = [o["output_ids"] for o in outs]
-            draft_ms = 1e3 * (after.draft - before.draft) / max(after.steps - before.steps, 1)
+            draft_ms = PluginTimings.read(timings).since(before).per_step_ms()["draft"]
             cells[name, requests] = (sum(map(len, tokens)) / seconds, mal, tokens, draft_ms)
     return cells
 

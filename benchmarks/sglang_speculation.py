@@ -25,7 +25,6 @@ MAL = 1 + accepted drafts / verify rounds (SGLang's ``spec_num_correct_drafts`` 
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -101,15 +100,13 @@ def main(argv=None) -> int:
 
         def measure(server, timings_file, level: int) -> dict:
             """One pass of every prompt, ``level`` at a time; ``ms``: our worker's timings over it (or None)."""
-            before = _timings(timings_file, PluginTimings)
+            before = None if timings_file is None else PluginTimings.read(timings_file)
             began = time.perf_counter()
             with ThreadPoolExecutor(max_workers=level) as pool:
                 outs = list(pool.map(lambda q: server.generate(q, greedy), prompts))
             seconds = time.perf_counter() - began
-            after = _timings(timings_file, PluginTimings)
             tokens = [o["output_ids"] for o in outs]
-            ms = None if timings_file is None else \
-                PluginTimings(*(x - y for x, y in zip(vars(after).values(), vars(before).values())))
+            ms = None if before is None else PluginTimings.read(timings_file).since(before)
             return {"tps": sum(map(len, tokens)) / seconds, "tokens": tokens, "outs": outs, "ms": ms}
 
         names = list(settings)
@@ -178,17 +175,6 @@ def _summary(passes: list, ratios: list | None = None) -> dict:
     return {"tps": statistics.median(p["tps"] for p in passes), "ratio": statistics.median(ratios) if ratios else 1.0,
             "mal": mal(passes[-1]["outs"]) if ratios else None, "ms": ms,
             "all_tokens": [p["tokens"] for p in passes]}
-
-
-def _timings(path, cls):
-    """Our worker's cumulative timings (zeros before its first step; None where ``path`` is None)."""
-    if path is None:
-        return None
-    try:
-        with open(path) as f:
-            return cls(**json.load(f))
-    except FileNotFoundError:
-        return cls()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 
 FILE_ENV = "EAGLE3_PLUGIN_TIMINGS"  # a path: the SGLang worker writes its timings there after every step
 
@@ -31,6 +31,19 @@ class PluginTimings:
             self.none_steps += 1
         elif shape != shapes[0]:
             self.chain_steps += 1
+
+    def since(self, earlier: "PluginTimings") -> "PluginTimings":
+        """The steps after ``earlier`` (both cumulative, from one worker)."""
+        return PluginTimings(*(now - then for now, then in zip(astuple(self), astuple(earlier))))
+
+    @classmethod
+    def read(cls, path: str) -> "PluginTimings":
+        """What a worker last wrote to ``path`` (:meth:`write`; zeros before its first step)."""
+        try:
+            with open(path) as f:
+                return cls(**json.load(f))
+        except FileNotFoundError:
+            return cls()
 
     def write(self, path: str) -> None:
         """Replace ``path`` with these timings as JSON (atomically: readers never see half a file)."""

@@ -59,12 +59,11 @@ def drawing_seeded_rows(batch, params: SamplingParams, random: RowRandom):
 
 def sample_from_probs(original, sampler, probs: torch.Tensor, sampling_info, *args, **kwargs):
     """AROUND SGLang's ``Sampler._sample_from_probs``: the rows our worker marked redrawn (SGLang's draw for the
-    others untouched, so the shared generator advances as it would)."""
+    others untouched, so the shared generator advances as it would). Its sampling-mask capture, the other value it
+    returns, is None here: SGLang refuses ``return_sampling_mask`` with speculative decoding."""
     seeded = getattr(sampling_info, ATTRIBUTE, None)
     if seeded is None:
         return original(sampler, probs, sampling_info, *args, **kwargs)
     theirs = probs[seeded.rows]  # a copy: SGLang's filters may write into ``probs``
     tokens, capture = original(sampler, probs, sampling_info, *args, **kwargs)
-    if capture is not None:  # SGLang's sampling-mask capture: its weight of the token it drew is not ours
-        capture = capture._replace(selected_weight=None)
     return seeded.redraw(tokens, theirs), capture
