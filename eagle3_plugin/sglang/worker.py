@@ -278,7 +278,8 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
 
     def _sampling(self, batch) -> tuple[SamplingParams, RowRandom]:
         """The batch's sampling settings for the core (SGLang writes greedy as top_k = 1; it filters top-k, top-p and
-        min-p jointly), and its randomness (a request with a seed draws from its own generator)."""
+        min-p jointly), and its randomness (a request with a seed draws from its own generator, but not for a prompt
+        chunk's tree, which is thrown away: its draws would depend on how the prompt was chunked and cached)."""
         info = batch.sampling_info
         greedy = info.top_ks == 1
         params = SamplingParams(torch.where(greedy, 0.0, info.temperatures.view(-1).float()),
@@ -288,7 +289,7 @@ class TreeSpeculationWorker(EAGLEWorkerV2):
         seeded = {}
         for row, req in enumerate(batch.reqs):
             seed = req.sampling_params.sampling_seed
-            if seed is not None:
+            if seed is not None and req is not batch.chunked_req:
                 if req.rid not in self._seeded:
                     self._seeded[req.rid] = torch.Generator(device=self.device).manual_seed(int(seed))
                 seeded[row] = self._seeded[req.rid]

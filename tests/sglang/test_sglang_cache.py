@@ -3,6 +3,8 @@
 - Radix cache on (SGLang's default): requests sharing a 200-token prefix reuse it (SGLang's ``cached_tokens``
   rise), their greedy outputs equal transformers' greedy decoding, and our tree (fixed budget) accepts exactly
   what it accepts with the radix cache off.
+- A seeded request at T = 1 whose prompt is prefilled in chunks, then again from the radix cache, gives the same
+  output both times.
 - Retraction: a token pool too small for every request at once makes SGLang retract requests and run them
   again later; greedy outputs stay identical, with the auto budget (steps that draft nothing defer their draft
   entries, which must land before a retracted request's slots change owner).
@@ -41,6 +43,17 @@ def test_radix_cache_reuses_the_drafts_kv(tokenizer, tmp_path):
     assert [o["output_ids"] for o in on] == hf_greedy(prompts, MAX_TOKENS) == [o["output_ids"] for o in off]
     for key in ("spec_verify_ct", "spec_num_correct_drafts"):
         assert [o["meta_info"][key] for o in on] == [o["meta_info"][key] for o in off], key
+
+
+def test_a_seeded_request_repeats_whether_its_prompt_was_chunked_or_cached(tokenizer, tmp_path):
+    """A 700-token prompt prefilled in 128-token chunks, then from the radix cache in one: each chunk's tree is drafted
+    and thrown away, so its draws must not come from the request's generator."""
+    prompt = sum((encode_prompt(tokenizer, r.prompt) for r in read_prompts(HELDOUT)[:8]), [])[:700]
+    seeded = {"temperature": 1.0, "sampling_seed": 3, "max_new_tokens": 16, "ignore_eos": True}
+    with server(TARGET, our_tree_args(DRAFT) + ["--chunked-prefill-size", "128"], str(tmp_path / "chunks.log")) as s:
+        chunked, cached = s.generate(prompt, seeded), s.generate(prompt, seeded)
+    assert cached["meta_info"]["cached_tokens"] >= 600
+    assert chunked["output_ids"] == cached["output_ids"]
 
 
 def test_retraction_keeps_outputs(tokenizer, tmp_path):
