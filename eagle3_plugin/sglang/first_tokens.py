@@ -41,8 +41,7 @@ class SeededRows:
 def drawing_seeded_rows(batch, params: SamplingParams, random: RowRandom):
     """While SGLang samples ``batch``'s first tokens: its sampled rows with a generator of their own (in ``random``,
     by row, none for a prompt chunk) drawn from it. A greedy row needs no draw."""
-    greedy = params.greedy.tolist()
-    rows = [row for row in sorted(random.rows) if not greedy[row]]
+    rows = [row for row in sorted(random.rows) if not bool(params.greedy[row])]
     info = batch.sampling_info
     if rows:
         index = torch.tensor(rows, device=params.temperature.device)
