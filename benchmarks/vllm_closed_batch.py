@@ -31,8 +31,8 @@ def trace_shapes(worker) -> None:
     runner = worker.model_runner
     runner.shape_trace, choose = [], runner.budget.shape
 
-    def shape(batch, seeded=False, wave=None):
-        chosen = choose(batch, seeded, wave)
+    def shape(batch, **step):
+        chosen = choose(batch, **step)
         runner.shape_trace.append((batch, chosen))
         return chosen
     runner.budget.shape = shape
@@ -40,7 +40,7 @@ def trace_shapes(worker) -> None:
 
 def draft_nothing(worker) -> None:
     from eagle3_plugin.budget import NONE
-    worker.model_runner.budget.shape = lambda batch, seeded=False, wave=None: NONE
+    worker.model_runner.budget.shape = lambda batch, **step: NONE
 
 
 def take_trace(worker) -> list:

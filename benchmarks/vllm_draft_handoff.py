@@ -26,7 +26,7 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rp
 def draft_nothing() -> None:
     """Our budget picks no speculation for every step."""
     from eagle3_plugin import budget
-    budget.TreeBudget.shape = lambda self, batch, seeded=False, wave=None: budget.NONE
+    budget.TreeBudget.shape = lambda self, batch, **step: budget.NONE
 
 
 if os.environ.get("EAGLE3_BENCH_DRAFT_NOTHING"):  # set by main(); a spawned engine process imports this module again

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from eagle3_plugin import budget
     from eagle3_plugin.config import Eagle3Config
 
-    budget.TreeBudget.shape = lambda self, batch, seeded=False, wave=None: budget.NONE
+    budget.TreeBudget.shape = lambda self, batch, **step: budget.NONE
     prompts = bundled_prompts(a, a.batch)
     ours = Eagle3Config.load(a.draft).to_dict()  # the draft's own tree: vLLM schedules look-ahead slots for it
     params = SamplingParams(temperature=0.0, max_tokens=a.max_new_tokens, ignore_eos=True)
