@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         for level, c in r["cells"].items():
             ms, shares = c["ms"], ""
             if ms:
-                shares = f"{ms.chain_steps / max(ms.steps, 1):.0%}, {ms.none_steps / max(ms.steps, 1):.0%}"
+                shares = ", ".join(f"{v:.0%}" for v in ms.shape_shares())
                 ms = ", ".join(f"{v:.2f}" for k, v in ms.per_step_ms().items() if k != "tree_attention")
             mal_cell = "" if c["mal"] is None else f"{c['mal']:.3f}"
             print(f"| {r['setting']} | {level} | {c['tps']:.1f} | {c['ratio']:.2f}x | {mal_cell} | "

@@ -25,12 +25,12 @@ import sys
 import time
 
 from bundled_args import bundled_parser, bundled_prompts, fresh_prefix_cache, vllm_engine
+from eagle3_plugin.timings import PluginTimings
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(read_timings)
 
-PHASES = ("prepare", "tree_attention", "verify", "draft")
-SHAPE_COUNTS = ("chain_steps", "none_steps")  # the auto budget's steps that drafted the chain, nothing
 _REQUEST_IDS = itertools.count()  # engine request ids, unique across passes
 
 
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     for name in names:
         for batch in batches:
             c = cells[name, batch]
-            ms = ", ".join(f"{c['ms'][k]:.2f}" for k in PHASES) if c["ms"] else ""
-            shares = ", ".join(f"{c['shares'][k]:.0%}" for k in SHAPE_COUNTS) if c["ms"] else ""
+            ms = ", ".join(f"{v:.2f}" for v in c["ms"].values())
+            shares = ", ".join(f"{v:.0%}" for v in c["shares"])
             mal = f"{c['mal']:.3f}" if name != base_name else ""
             print(f"| {name} | {batch} | {c['tps']:.1f} | {c['tps'] / cells[base_name, batch]['tps']:.2f}x | "
                   f"{c['tps'] / cells[native, batch]['tps']:.2f}x | {mal} | {ms} | {shares} |")
@@ -136,7 +136,7 @@ def _run(llm, prompts, lengths, batch, params, read_timings, tokens_prompt) -> d
         by_length[n].output_kind = RequestOutputKind.DELTA  # each step's new tokens
         by_length[n].max_tokens = n
     fresh_prefix_cache(llm)
-    timings_before = llm.collective_rpc(read_timings)[0] if read_timings else None
+    timings_before = PluginTimings(**llm.collective_rpc(read_timings)[0]) if read_timings else None
     engine, waiting, tokens = llm.llm_engine, list(range(len(prompts))), [[] for _ in prompts]
     ids, in_flight, rounds, engine_steps = {}, 0, 0, 0
     start = time.perf_counter()
@@ -154,12 +154,10 @@ def _run(llm, prompts, lengths, batch, params, read_timings, tokens_prompt) -> d
             in_flight -= out.finished
     seconds = time.perf_counter() - start
     generated = sum(map(len, tokens))
-    ms, shares, steps = {}, {}, engine_steps  # without our worker's count: the engine's steps, as the loop saw them
+    ms, shares, steps = {}, (), engine_steps  # without our worker's count: the engine's steps, as the loop saw them
     if timings_before is not None:
-        t = llm.collective_rpc(read_timings)[0]
-        steps = t["steps"] - timings_before["steps"]
-        ms = {k: 1e3 * (t[k] - timings_before[k]) / max(steps, 1) for k in PHASES}
-        shares = {k: (t[k] - timings_before[k]) / max(steps, 1) for k in SHAPE_COUNTS}
+        t = PluginTimings(**llm.collective_rpc(read_timings)[0]).since(timings_before)
+        ms, shares, steps = t.per_step_ms(), t.shape_shares(), t.steps
     return {"tps": generated / seconds, "mal": (generated - len(prompts)) / (rounds - len(prompts)), "ms": ms,
             "shares": shares, "step_ms": 1e3 * seconds / steps, "tokens": tokens}
 

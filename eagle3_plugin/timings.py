@@ -25,6 +25,11 @@ class PluginTimings:
         n = max(self.steps, 1)
         return {k: 1e3 * v / n for k, v in asdict(self).items() if isinstance(v, float)}
 
+    def shape_shares(self) -> tuple[float, float]:
+        """The shares of steps that drafted the chain and that drafted nothing (auto budget)."""
+        n = max(self.steps, 1)
+        return self.chain_steps / n, self.none_steps / n
+
     def drafted(self, shape, shapes) -> None:
         """Count a step that drafted ``shape``, one of a budget's ``shapes`` (configured tree, chain, none)."""
         if shape.total_tokens == 1:
