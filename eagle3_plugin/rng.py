@@ -21,10 +21,19 @@ class RowRandom:
         generator draws only then, so what it consumes depends on its own path alone, not on how long the other rows
         keep a batched loop going (its other values are the shared draw's)."""
         u = torch.rand(shape, generator=self.shared, device=device)
-        rows = self.rows.items() if drawing is None else [(r, g) for r, g in self.rows.items() if bool(drawing[r])]
-        for row, generator in rows:
-            u[row] = torch.rand(shape[1:], generator=generator, device=device)
+        rows = list(self.rows) if drawing is None else self.seeded_rows_where(drawing)
+        for row in rows:
+            u[row] = torch.rand(shape[1:], generator=self.rows[row], device=device)
         return u
+
+    def seeded_rows_where(self, flags: torch.Tensor) -> list[int]:
+        """The rows with a generator of their own whose ``flags [B]`` (bool) entry is set, ascending: one host read
+        for all of them (none without seeded rows)."""
+        seeded = sorted(self.rows)
+        if not seeded:
+            return []
+        chosen = flags[torch.tensor(seeded, device=flags.device)].tolist()
+        return [row for row, flag in zip(seeded, chosen) if flag]
 
     def categorical(self, probs: torch.Tensor) -> torch.Tensor:
         """One index per row of ``probs [B, V]`` (inverse CDF; never a zero-probability index)."""

@@ -170,6 +170,14 @@ def test_a_seeded_row_verifies_as_it_would_alone():
         assert int(batched.bonus[0]) == int(alone.bonus[0]), trial
 
 
+def test_seeded_rows_where_reads_the_seeded_rows_flags_only():
+    """The rows with their own generator whose flag is set, ascending, whatever the dict's order; none unseeded."""
+    from eagle3_plugin.rng import RowRandom
+    random = RowRandom(None, {4: torch.Generator(), 1: torch.Generator(), 2: torch.Generator()})
+    assert random.seeded_rows_where(torch.tensor([True, True, False, True, True, False])) == [1, 4]
+    assert RowRandom(None).seeded_rows_where(torch.ones(3, dtype=torch.bool)) == []
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_verification_over_flat_rows_equals_verification_of_the_trees_rows(temperature):
     """verify_tree_rows (an engine's flat logits and each node's row in them) decides as verify_tree does on the

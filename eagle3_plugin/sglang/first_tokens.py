@@ -41,7 +41,7 @@ class SeededRows:
 def drawing_seeded_rows(batch, params: SamplingParams, random: RowRandom):
     """While SGLang samples ``batch``'s first tokens: its sampled rows with a generator of their own (in ``random``,
     by row, none for a prompt chunk) drawn from it. A greedy row needs no draw."""
-    rows = [row for row in sorted(random.rows) if not bool(params.greedy[row])]
+    rows = random.seeded_rows_where(~params.greedy)
     info = batch.sampling_info
     if rows:
         index = torch.tensor(rows, device=params.temperature.device)
