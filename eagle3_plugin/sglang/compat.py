@@ -27,7 +27,8 @@ REQUIRED_INTERNALS = (
     ("sglang.srt.managers.scheduler", "Scheduler.run_batch", ("batch",)),
     # request admission
     ("sglang.srt.managers.tokenizer_manager", "TokenizerManager._validate_one_request", ("obj", "input_ids")),
-    ("sglang.srt.managers.io_struct", "GenerateReqInput", ("sampling_params", "custom_logit_processor")),
+    ("sglang.srt.managers.io_struct", "GenerateReqInput",
+     ("sampling_params", "custom_logit_processor", "return_logprob", "top_logprobs_num")),
     # capture: SGLang's own aux capture is switched off for the target, ours hooks its layers
     ("sglang.srt.model_executor.model_runner_components.attention_backend_setup",
      "configure_aux_hidden_state_capture", ("model", "eagle_use_aux_hidden_state")),

@@ -91,8 +91,21 @@ def unsupported_request_settings(sampling_params: dict | None, custom_logit_proc
     return found
 
 
+def out_of_range(obj, input_ids, vocab_size: int) -> str | None:
+    """What SGLang 0.5.23 admits but its scheduler then raises on, taking the whole server down: prompt token ids
+    outside the vocabulary (the target's embedding lookup) and more top logprobs than the vocabulary has (its
+    sampler's top-k). None when the request has neither."""
+    if input_ids and not (0 <= min(input_ids) and max(input_ids) < vocab_size):
+        outside = [t for t in input_ids if not 0 <= t < vocab_size][:5]
+        return f"prompt token ids must lie in [0, {vocab_size}); got {outside}"
+    if obj.return_logprob and obj.top_logprobs_num > vocab_size:
+        return f"top_logprobs_num must be at most the vocabulary size, {vocab_size}; got {obj.top_logprobs_num}"
+    return None
+
+
 def validate_request(result, self, obj, input_ids):
-    """AFTER SGLang's ``TokenizerManager._validate_one_request``: refuse what our verifier would ignore."""
+    """AFTER SGLang's ``TokenizerManager._validate_one_request``: refuse what our verifier would ignore, and what
+    would stop the server (:func:`out_of_range`)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     if is_ours(self.server_args.speculative_algorithm) and isinstance(obj, GenerateReqInput):
@@ -100,4 +113,7 @@ def validate_request(result, self, obj, input_ids):
         if found:
             raise ValueError(f"eagle3-plugin's EAGLE3 worker does not support {', '.join(found)}; "
                              "send the request without them or serve without speculative decoding")
+        problem = out_of_range(obj, input_ids, self.model_config.vocab_size)
+        if problem:
+            raise ValueError(problem)
     return result

@@ -15,7 +15,8 @@
   setting changes them. At T = 1 they are served, ``min_new_tokens`` holds the stop ids back and outputs match
   their regex. Our per-node rules equal SGLang's own penalizers bit for bit (tests/sglang_support/same_penalties.py).
 - Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving; extreme
-  values SGLang's own checks let through are served.
+  values SGLang's own checks let through are served, but for those that would stop it (prompt ids outside the
+  vocabulary, more top logprobs than it has): refused too.
 - An unsupported SGLang version stops the plugin with one clear error.
 """
 
@@ -168,6 +169,19 @@ def test_odd_settings_are_served_and_the_server_keeps_serving(ours, prompts):
         assert len(out["output_ids"]) > 0, settings
         assert len(ours.generate(prompts[1], {"max_new_tokens": 8, "temperature": 0})["output_ids"]) == 8
     assert set(ours.generate(prompts[0], {"max_new_tokens": 16, **ODD_SETTINGS[0]})["output_ids"]) == {5}
+
+
+OUT_OF_RANGE = [  # SGLang 0.5.23 admits these, then its scheduler raises on them and the whole server stops
+    {"input_ids": [1, 999999]}, {"input_ids": [5, -3]}, {"return_logprob": True, "top_logprobs_num": 5000}]
+
+
+@pytest.mark.parametrize("request_", OUT_OF_RANGE)
+def test_requests_that_would_stop_sglang_are_refused_and_the_server_keeps_serving(ours, prompts, request_):
+    body = {"input_ids": prompts[0], "sampling_params": {"max_new_tokens": 4}, **request_}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        post_json(ours.url + "/generate", body, 60)
+    assert e.value.code == 400 and "2048" in e.value.read().decode()
+    assert len(ours.generate(prompts[0], {"max_new_tokens": 4})["output_ids"]) == 4
 
 
 def test_our_rules_at_each_node_equal_sglangs_own_penalizers():
