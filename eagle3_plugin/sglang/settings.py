@@ -92,12 +92,15 @@ def unsupported_request_settings(sampling_params: dict | None, custom_logit_proc
 
 
 def out_of_range(obj, input_ids, vocab_size: int) -> str | None:
-    """What SGLang 0.5.23 admits but its scheduler then raises on, taking the whole server down: prompt token ids
-    outside the vocabulary (the target's embedding lookup) and more top logprobs than the vocabulary has (its
-    sampler's top-k). None when the request has neither."""
-    if input_ids and not (0 <= min(input_ids) and max(input_ids) < vocab_size):
-        outside = [t for t in input_ids if not 0 <= t < vocab_size][:5]
-        return f"prompt token ids must lie in [0, {vocab_size}); got {outside}"
+    """What SGLang 0.5.23 admits but its scheduler then raises on, taking the whole server down: token ids outside
+    the vocabulary in the prompt (the target's embedding lookup) or among the stop ids (its ``min_new_tokens``
+    penalizer's scatter), and more top logprobs than the vocabulary has (its sampler's top-k). None when the request
+    has none of them."""
+    stop_ids = (obj.sampling_params or {}).get("stop_token_ids")
+    for what, ids in (("prompt token ids", input_ids), ("stop_token_ids", stop_ids)):
+        if ids and not (0 <= min(ids) and max(ids) < vocab_size):  # min and max: a long prompt in C
+            outside = [t for t in ids if not 0 <= t < vocab_size][:5]
+            return f"{what} must lie in [0, {vocab_size}); got {outside}"
     if obj.return_logprob and obj.top_logprobs_num > vocab_size:
         return f"top_logprobs_num must be at most the vocabulary size, {vocab_size}; got {obj.top_logprobs_num}"
     return None

@@ -15,8 +15,8 @@
   setting changes them. At T = 1 they are served, ``min_new_tokens`` holds the stop ids back and outputs match
   their regex. Our per-node rules equal SGLang's own penalizers bit for bit (tests/sglang_support/same_penalties.py).
 - Settings our verifier would ignore are refused at admission (HTTP 400), and the server keeps serving; extreme
-  values SGLang's own checks let through are served, but for those that would stop it (prompt ids outside the
-  vocabulary, more top logprobs than it has): refused too.
+  values SGLang's own checks let through are served, but for those that would stop it (prompt or stop ids outside
+  the vocabulary, more top logprobs than it has): refused too.
 - An unsupported SGLang version stops the plugin with one clear error.
 """
 
@@ -172,7 +172,8 @@ def test_odd_settings_are_served_and_the_server_keeps_serving(ours, prompts):
 
 
 OUT_OF_RANGE = [  # SGLang 0.5.23 admits these, then its scheduler raises on them and the whole server stops
-    {"input_ids": [1, 999999]}, {"input_ids": [5, -3]}, {"return_logprob": True, "top_logprobs_num": 5000}]
+    {"input_ids": [1, 999999]}, {"input_ids": [5, -3]}, {"return_logprob": True, "top_logprobs_num": 5000},
+    {"sampling_params": {"max_new_tokens": 4, "min_new_tokens": 2, "stop_token_ids": [999999]}}]
 
 
 @pytest.mark.parametrize("request_", OUT_OF_RANGE)
